@@ -1,0 +1,277 @@
+"""Runtime: the only module that touches CuPy.
+
+It holds the kernel registry (every source file and every template instance the package
+launches: the CI compile check reads the same list), loads the sources, launches kernels
+with correctly typed scalars, calls cuBLAS, and checks arguments for both backends.
+CuPy is imported lazily, so ``import cukernels`` works on machines without it.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import pathlib
+
+import numpy as np
+
+KERNEL_DIR = pathlib.Path(__file__).with_name("kernels")
+HEADER = "common.cuh"
+COMPILE_OPTIONS = ("--std=c++17",)  # CuPy adds -ftz=true and the -arch of the device itself
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_CTYPES = ("float", "double")
+_BOOL = ("false", "true")
+
+#: softmax "cached" shapes: (threads per row G, elements per thread PT); rows up to G*PT.
+SOFTMAX_SHAPES = ((32, 1), (32, 2), (32, 4), (32, 8), (32, 16), (32, 32), (256, 8), (256, 16),
+                  (512, 16))
+LONG_ROW_THREADS = 1024
+ELEMENTWISE_KERNELS = ("line_activation", "sigmoid_activation", "sigmoid_derivative",
+                       "tanh_activation", "tanh_derivative", "lrelu_activation",
+                       "lrelu_derivative", "swish_activation", "swish_derivative", "mask_mult")
+UPDATE_KERNELS = ("sgd_update", "momentum_update", "adagrad_update", "rmsprop_update",
+                  "adadelta_update", "adam_update")
+DENSE_KERNELS = ("perceptron_feed_forward", "dense_bias_act", "hidden_gradient_partial",
+                 "hidden_gradient_finish", "calc_delta_weights", "delta_bias",
+                 "article_update_weights")
+#: batches at least this large go through cuBLAS; smaller ones through our own kernels
+GEMM_MIN_BATCH = 8
+
+
+def _registry() -> dict[str, tuple[str, ...]]:
+    t = _CTYPES
+    softmax = []
+    for c in t:
+        for g, pt in SOFTMAX_SHAPES:
+            softmax += [f"softmax_activation<{c},{g},{pt}>", f"softmax_derivative<{c},{g},{pt}>"]
+        softmax += [f"softmax_activation_long<{c}>", f"softmax_derivative_long<{c}>"]
+    return {
+        "activations.cu": tuple(f"{k}<{c}>" for k in ELEMENTWISE_KERNELS for c in t),
+        "losses.cu": tuple([f"calc_output_gradient<{c},{b}>" for c in t for b in _BOOL]
+                           + [f"article_output_gradient<{c}>" for c in t]),
+        "optim.cu": tuple(f"{k}<{c},{b}>" for k in UPDATE_KERNELS for c in t for b in _BOOL),
+        "softmax.cu": tuple(softmax),
+        "dense.cu": tuple(f"{k}<{c}>" for k in DENSE_KERNELS for c in t),
+    }
+
+
+REGISTRY = _registry()
+
+
+def ctype(dtype) -> str:
+    return "float" if np.dtype(dtype) == np.float32 else "double"
+
+
+def load_source(filename: str) -> str:
+    """The source text with the common header pasted in place of its #include line."""
+    text = (KERNEL_DIR / filename).read_text()
+    header = (KERNEL_DIR / HEADER).read_text()
+    include = f'#include "{HEADER}"'
+    if include not in text:
+        raise RuntimeError(f"{filename} does not include {HEADER}")
+    return text.replace(include, header, 1)
+
+
+# ----------------------------------------------------------------------------- CuPy side
+def cupy_module():
+    """The cupy module, or None where it is not installed."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def gpu_available() -> bool:
+    cp = cupy_module()
+    if cp is None:
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, or no device
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str, device_id: int):
+    cp = cupy_module()
+    return cp.RawModule(code=load_source(filename), options=COMPILE_OPTIONS,
+                        name_expressions=REGISTRY[filename])
+
+
+def kernel(filename: str, name: str):
+    cp = cupy_module()
+    if name not in REGISTRY[filename]:
+        raise KeyError(f"{name} is not registered for {filename}")
+    return _module(filename, cp.cuda.runtime.getDevice()).get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    cp = cupy_module()
+    return cp.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+
+
+def sm_count() -> int:
+    return _sm_count(cupy_module().cuda.runtime.getDevice())
+
+
+def aligned16(*arrays) -> bool:
+    return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def grid_for(work: int, threads: int = 256) -> int:
+    """Blocks for a grid-stride loop over `work` items: enough to fill the GPU, no more."""
+    return max(1, min(-(-work // threads), sm_count() * 32))
+
+
+def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):
+    """Launch an (in0, in1, in2, out, n, a, b, code, vec) kernel of activations/losses.cu."""
+    t = out.dtype.type
+    ins = list(inputs) + [inputs[0]] * (3 - len(inputs))
+    vec = aligned16(*inputs, out)
+    n = out.size
+    work = n // (16 // out.itemsize) if vec else n
+    kernel(filename, name)((grid_for(work),), (256,),
+                           (*ins, out, np.int64(n), t(a), t(b), np.int32(code), np.int32(vec)))
+    return out
+
+
+def launch_update(name, variant, D, w, s1, s2, batch, lr, beta1, beta2, l1, l2, eps, c1, c2):
+    """Launch one of optim.cu's update kernels (in place on D, w and the moments)."""
+    t = w.dtype.type
+    states = [s for s in (s1, s2) if s is not None]
+    s1 = s1 if s1 is not None else w
+    s2 = s2 if s2 is not None else w
+    vec = aligned16(D, w, *states)
+    n = w.size
+    work = n // (16 // w.itemsize) if vec else n
+    k = kernel("optim.cu", f"{name}<{ctype(w.dtype)},{_BOOL[variant == 'book']}>")
+    k((grid_for(work),), (256,),
+      (D, w, s1, s2, np.int64(n), t(batch), t(lr), t(beta1), t(beta2), t(l1), t(l2), t(eps),
+       t(c1), t(c2), np.int32(vec)))
+
+
+def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+    """Column-major C = alpha*op(A) @ op(B) + beta*C through cuBLAS, on raw leading dims.
+
+    CuPy's default math mode is kept: FP32 strict, no TF32 unless the user sets CUPY_TF32.
+    """
+    cp = cupy_module()
+    from cupy_backends.cuda.libs import cublas
+
+    func = cublas.sgemm if C.dtype == np.float32 else cublas.dgemm
+    al = np.array(alpha, dtype=C.dtype)
+    be = np.array(beta, dtype=C.dtype)
+    handle = cp.cuda.device.get_cublas_handle()
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        func(handle, cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N,
+             cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N, int(m), int(n), int(k),
+             al.ctypes.data, A.data.ptr, int(lda), B.data.ptr, int(ldb), be.ctypes.data,
+             C.data.ptr, int(ldc))
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+# ---------------------------------------------------------------------- argument checks
+def backend(**arrays):
+    """numpy or cupy, from the arrays given (None entries are skipped); mixed is a TypeError."""
+    seen = {}
+    cp = cupy_module()
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if isinstance(a, np.ndarray):
+            seen.setdefault("numpy", name)
+        elif cp is not None and isinstance(a, cp.ndarray):
+            seen.setdefault("cupy", name)
+        else:
+            raise TypeError(f"{name} must be a numpy or cupy array, got {type(a).__name__}")
+    if len(seen) > 1:
+        raise TypeError(f"numpy and cupy arrays are mixed: {seen['numpy']} is a numpy array, "
+                        f"{seen['cupy']} is a cupy array; move them to one device")
+    if not seen:
+        raise TypeError("no array arguments were given")
+    return np if "numpy" in seen else cp
+
+
+def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
+    """Validate one array argument; returns its dtype. Errors name the argument."""
+    if a.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{name} has dtype {a.dtype}, expected {np.dtype(dtype)} "
+                        f"(the dtype of {dtype_of})")
+    if ndim is None:
+        if a.ndim < 1:
+            raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
+    elif a.ndim not in ndim:
+        want = " or ".join(str(d) for d in ndim)
+        raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(a.shape)}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {tuple(shape)}"
+                         + (f" (to match {shape_of})" if shape_of else ""))
+    if a.size == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(a.shape)}); sizes must be > 0")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous; pass xp.ascontiguousarray({name})")
+    return a.dtype
+
+
+def check_same(ref_name, ref, **others):
+    """Each of `others` must have the dtype and shape of `ref` (None entries are skipped)."""
+    for name, a in others.items():
+        if a is not None:
+            check_array(name, a, ndim=None, dtype=ref.dtype, dtype_of=ref_name,
+                        shape=ref.shape, shape_of=ref_name)
+
+
+def real(name, x, dtype, *, min_value=None, allow_equal=True):
+    """A finite real scalar, wrapped in the array's dtype (CuPy would pass a bare float as double)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    if not math.isfinite(float(x)):
+        raise ValueError(f"{name} must be finite, got {x}")
+    if min_value is not None and (x < min_value or (x == min_value and not allow_equal)):
+        op = ">=" if allow_equal else ">"
+        raise ValueError(f"{name} must be {op} {min_value}, got {x}")
+    return np.dtype(dtype).type(x)
+
+
+def integer(name, x, *, min_value=None):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__}")
+    if min_value is not None and x < min_value:
+        raise ValueError(f"{name} must be >= {min_value}, got {x}")
+    return int(x)
+
+
+def variant_of(variant):
+    if variant not in ("standard", "book"):
+        raise ValueError(f"variant must be 'standard' or 'book', got {variant!r}")
+    return variant
+
+
+def check_out(out, ref_name, ref, xp):
+    """An optional output buffer: same backend, dtype and shape as `ref`; may alias inputs."""
+    if out is None:
+        return None
+    backend(**{ref_name: ref, "out": out})
+    check_array("out", out, ndim=None, dtype=ref.dtype, dtype_of=ref_name,
+                shape=ref.shape, shape_of=ref_name)
+    return out
+
+
+def _span(a):
+    start = a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+    return start, start + a.nbytes
+
+
+def check_distinct(**arrays):
+    """Arrays that a kernel updates in place must not overlap each other or its inputs."""
+    items = [(k, _span(v)) for k, v in arrays.items() if v is not None]
+    for x, (name_a, (a0, a1)) in enumerate(items):
+        for name_b, (b0, b1) in items[x + 1:]:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{name_a} and {name_b} share memory; they must be separate arrays")

@@ -1,0 +1,65 @@
+"""Shared fixtures: the GPU marker, torch for the CPU cross-checks, and the compile report."""
+import os
+
+import numpy as np
+import pytest
+
+from cukernels import _rt
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy; skipped where none is")
+    config.addinivalue_line("markers", "slow: long or memory-hungry (GPU > 2**31 elements)")
+    config.addinivalue_line("markers", "compile: nvcc compile check of every kernel instance")
+    config._ck_compile_rows = []
+    if os.environ.get("CK_NO_POOL") and _rt.cupy_module() is not None:
+        # under compute-sanitizer: one cudaMalloc per array, so that an access past an
+        # array's end is past its allocation too (a pool would hide it inside a larger chunk)
+        cupy = _rt.cupy_module()
+        cupy.cuda.set_allocator(None)
+        cupy.cuda.set_pinned_memory_allocator(None)
+
+
+def pytest_collection_modifyitems(config, items):
+    if _rt.gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU with CuPy on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = config._ck_compile_rows
+    if not rows:
+        return
+    terminalreporter.section("kernel registers and spills (nvcc -Xptxas -v)")
+    for arch, filename, r in rows:
+        st, ss, sl = r["spill"]
+        terminalreporter.write_line(
+            f"{arch} {filename:15s} {r['regs']:>3} regs {r['smem']:>5} B smem "
+            f"stack {st} B spill {ss}/{sl} B  {r.get('name', r['mangled'])}")
+
+
+@pytest.fixture
+def torch():
+    try:
+        import torch
+    except ImportError:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI needs torch for the CPU cross-checks: install the test extra")
+        pytest.skip("torch is not installed (pip install torch==2.13.0)")
+    torch.set_default_dtype(torch.float64)
+    return torch
+
+
+@pytest.fixture
+def rng(request):
+    # fresh inputs for every test, reproducible from the test's name
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+@pytest.fixture
+def cp():
+    import cupy
+    return cupy

@@ -1,0 +1,201 @@
+"""The project's GPU script: run on a machine with a CUDA GPU, it runs
+
+  1. the whole test suite (GPU tests included, the >2**31-element test too),
+  2. the GPU tests again under compute-sanitizer memcheck, racecheck and initcheck
+     (a smaller grid of sizes, CuPy's memory pool off so that every array is its own
+     allocation),
+  3. the benchmarks (bench/run.py) and the main job (cukernels.demo, GPU and CPU),
+
+and writes OUTDIR/gpu-report.md (copy it to docs/gpu-report.md) with the commit, the GPU,
+the test counts, the sanitizer's findings and the benchmark table. Logs go to OUTDIR too.
+
+    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,demo]
+    python tools/gpu_report.py OUTDIR --assemble DIR [DIR ...]
+
+Each phase writes OUTDIR/section-<phase>.md; gpu-report.md is assembled from the sections in
+OUTDIR, so phases may run in separate calls (each under a time limit) and be merged with
+--assemble, which copies the newest sections found in the DIRs given.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SANITIZER_TOOLS = {
+    # tool: (pytest -k selection, extra sanitizer flags)
+    "memcheck": ("", []),
+    "racecheck": ("softmax or dense or article or repeatable", ["--racecheck-report", "all"]),
+    "initcheck": ("", []),
+}
+
+
+def sh(cmd, log, env=None, timeout=900):
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=f,
+                               stderr=subprocess.STDOUT, timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"\n[timed out after {timeout} s]\n")
+            rc = "timeout"
+    return rc, time.time() - t0
+
+
+def junit_counts(path):
+    if not os.path.exists(path):
+        return None
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tot = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    tot["passed"] = tot["tests"] - tot["failures"] - tot["errors"] - tot["skipped"]
+    failed = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    return tot, failed
+
+
+def gpu_info():
+    try:
+        import cupy as cp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+        drv = cp.cuda.runtime.driverGetVersion()
+        return (f"{props['name'].decode()} ({props['multiProcessorCount']} SMs, "
+                f"{props['totalGlobalMem'] / 2**30:.0f} GiB), driver CUDA {drv // 1000}.{drv % 1000 // 10}, "
+                f"CuPy {cp.__version__}")
+    except Exception as e:  # noqa: BLE001
+        return f"unknown ({e})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--only", default=",".join(PHASES))
+    ap.add_argument("--assemble", nargs="*", default=None)
+    args = ap.parse_args(argv)
+    out = os.path.abspath(args.outdir)
+    os.makedirs(out, exist_ok=True)
+    if args.assemble is not None:
+        for d in args.assemble:
+            for name in ["section-header.md"] + [f"section-{p}.md" for p in PHASES]:
+                src = os.path.join(d, name)
+                if os.path.exists(src):
+                    with open(src) as f, open(os.path.join(out, name), "w") as g:
+                        g.write(f.read())
+        return assemble(out)
+    skip = set(PHASES) - set(filter(None, args.only.split(",")))
+    commit = args.commit
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                    text=True, check=True).stdout.strip()
+        except Exception:  # noqa: BLE001
+            commit = "unknown"
+    py = sys.executable
+    header = [f"- commit: {commit}",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+             f"- GPU: {gpu_info()}",
+             f"- made by: `python tools/gpu_report.py OUTDIR --commit {commit[:12]}`", ""]
+    write(out, "header", header)
+
+    if "tests" not in skip:
+        xml = os.path.join(out, "junit.xml")
+        rc, secs = sh([py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
+                       f"--junitxml={xml}"], os.path.join(out, "tests-log.txt"))
+        lines = ["## Tests (the whole suite, GPU tests included)", ""]
+        counts = junit_counts(xml)
+        if counts:
+            c, failed = counts
+            lines.append(f"{c['passed']} passed, {c['failures'] + c['errors']} failed, "
+                         f"{c['skipped']} skipped in {secs:.0f} s (pytest exit {rc}).")
+            lines += [f"- FAILED {f}" for f in failed[:50]]
+        else:
+            lines.append(f"no junit report (pytest exit {rc}); see tests-log.txt")
+        if os.path.exists(xml):
+            os.remove(xml)
+        write(out, "tests", lines)
+
+    if "sanitizer" not in skip:
+        lines = ["## compute-sanitizer", "",
+                  "GPU tests (`CK_QUICK=1`: sizes 5 and 1001, fewer shapes; CuPy's pool off) "
+                  "under each tool.", "",
+                  "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
+        log = os.path.join(out, "sanitizer-log.txt")
+        for tool, (sel, flags) in SANITIZER_TOOLS.items():
+            xml = os.path.join(out, f"san-{tool}.xml")
+            cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
+                   py, "-m", "pytest", "tests/test_gpu.py", "-q", "-p", "no:cacheprovider",
+                   "-m", "gpu and not slow", f"--junitxml={xml}"]
+            if sel:
+                cmd += ["-k", sel]
+            start = os.path.getsize(log) if os.path.exists(log) else 0
+            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=420)
+            with open(log) as f:
+                f.seek(start)
+                text = f.read()
+            summ = re.findall(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: \d+ hazards? displayed.*)",
+                              text)
+            counts = junit_counts(xml)
+            tests = (f"{counts[0]['passed']} passed, {counts[0]['failures'] + counts[0]['errors']} failed"
+                     if counts else "no report")
+            lines.append(f"| {tool} | {tests} ({secs:.0f} s) | {'; '.join(summ[-2:]) or 'none printed'} | {rc} |")
+            if os.path.exists(xml):
+                os.remove(xml)
+        write(out, "sanitizer", lines)
+
+    if "bench" not in skip:
+        rc, secs = sh([py, "-m", "bench.run", "--out", out], os.path.join(out, "bench-log.txt"),
+                      timeout=900)
+        lines = ["## Benchmarks (float32)", ""]
+        md = os.path.join(out, "bench.md")
+        lines.append(open(md).read() if os.path.exists(md) else f"benchmarks failed (exit {rc}); see bench-log.txt")
+        if os.path.exists(md):
+            os.remove(md)
+        write(out, "bench", lines)
+
+    if "demo" not in skip:
+        log = os.path.join(out, "demo-log.txt")
+        lines = ["## Main job (`python -m cukernels.demo`, digits, 30 epochs, Adam)", ""]
+        for dev in ("gpu", "cpu"):
+            rc, secs = sh([py, "-m", "cukernels.demo", "--device", dev], log, timeout=300)
+            with open(log) as f:
+                last = [ln for ln in f.read().splitlines() if ln.startswith(f"device {dev}")]
+            lines.append(f"- {dev}: {last[-1] if last else f'failed (exit {rc})'}; wall {secs:.1f} s "
+                         "with start-up")
+        write(out, "demo", lines)
+    return assemble(out)
+
+
+PHASES = ("tests", "sanitizer", "bench", "demo")
+
+
+def write(out, phase, lines):
+    with open(os.path.join(out, f"section-{phase}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def assemble(out):
+    parts = ["# GPU report", "", "Written by the project's GPU script, tools/gpu_report.py.", ""]
+    for name in ["header"] + list(PHASES):
+        path = os.path.join(out, f"section-{name}.md")
+        if os.path.exists(path):
+            parts.append(open(path).read())
+    text = "\n".join(parts)
+    with open(os.path.join(out, "gpu-report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
