@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     if "tests" not in skip:
         xml = os.path.join(out, "junit.xml")
         rc, secs = sh([py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                       f"--junitxml={xml}"], os.path.join(out, "tests-log.txt"))
+                       f"--junitxml={xml}"], os.path.join(out, "tests-log.txt"), timeout=480)
         lines = ["## Tests (the whole suite, GPU tests included)", ""]
         counts = junit_counts(xml)
         if counts:
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         log = os.path.join(out, "demo-log.txt")
         lines = ["## Main job (`python -m cukernels.demo`, digits, 30 epochs, Adam)", ""]
         for dev in ("gpu", "cpu"):
-            rc, secs = sh([py, "-m", "cukernels.demo", "--device", dev], log, timeout=300)
+            rc, secs = sh([py, "-m", "cukernels.demo", "--device", dev], log, timeout=90)
             with open(log) as f:
                 last = [ln for ln in f.read().splitlines() if ln.startswith(f"device {dev}")]
             lines.append(f"- {dev}: {last[-1] if last else f'failed (exit {rc})'}; wall {secs:.1f} s "
