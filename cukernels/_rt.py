@@ -98,11 +98,16 @@ def _module(filename: str, device_id: int):
                         name_expressions=REGISTRY[filename])
 
 
-def kernel(filename: str, name: str):
-    cp = cupy_module()
+@functools.lru_cache(maxsize=None)
+def _function(filename: str, name: str, device_id: int):
     if name not in REGISTRY[filename]:
         raise KeyError(f"{name} is not registered for {filename}")
-    return _module(filename, cp.cuda.runtime.getDevice()).get_function(name)
+    return _module(filename, device_id).get_function(name)
+
+
+def kernel(filename: str, name: str):
+    """The compiled kernel `name` (a registered instance) on the current device."""
+    return _function(filename, name, cupy_module().cuda.runtime.getDevice())
 
 
 @functools.lru_cache(maxsize=None)

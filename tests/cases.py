@@ -95,7 +95,10 @@ BY_NAME = {c.name: c for c in ELEMENTWISE + UPDATES}
 
 
 def dense_args(rng, n, i, batch, dtype):
-    W = _u(rng, (n, i + 1), dtype, -1, 1)
+    # weights scaled as a layer is initialised (uniform, variance ~ 1/I): activations of
+    # tanh/sigmoid stay away from float32 denormals, which the GPU flushes to zero
+    lim = float(np.sqrt(3.0 / i))
+    W = _u(rng, (n, i + 1), dtype, -lim, lim)
     x = _u(rng, i if batch is None else (batch, i), dtype)
     g = _u(rng, n if batch is None else (batch, n), dtype)
     return W, x, g

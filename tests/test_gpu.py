@@ -213,6 +213,17 @@ def test_article_kernels_match_oracle(cp, poison, rng, dtype, n, i, batch, activ
     assert_matches([Wu, dWu], [W, g, x, dW], {}, upd, dtype)
 
 
+def test_float32_denormals_are_flushed_to_zero(cp):
+    # CuPy compiles with -ftz=true: a float32 denormal input counts as 0 on the GPU, so the
+    # article's sigmoid guard (o == 0 -> 0.01) fires for it; numpy keeps the denormal
+    o = np.array([1e-40, 0.0, 0.5], dtype=np.float32)
+    t = np.array([1.0, 1.0, 1.0], dtype=np.float32)
+    got = ck.article.calc_output_gradient(cp.asarray(t), cp.asarray(o), 1).get()
+    np.testing.assert_allclose(got, [0.01, 0.01, 0.5 * 0.5 * 0.5], rtol=1e-6)
+    cpu = ck.article.calc_output_gradient(t, o, 1)
+    assert cpu[0] < 1e-30
+
+
 @pytest.mark.parametrize("batch", [2, 5, 7])
 def test_small_batches_give_the_bits_of_single_calls(cp, rng, batch):
     W, x, g = (cp.asarray(a) for a in dense_args(rng, 300, 1001, batch, np.float32))
