@@ -21,9 +21,9 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _CTYPES = ("float", "double")
 _BOOL = ("false", "true")
 
-#: softmax "cached" shapes: (threads per row G, elements per thread PT); rows up to G*PT.
-SOFTMAX_SHAPES = ((32, 1), (32, 2), (32, 4), (32, 8), (32, 16), (32, 32), (256, 8), (256, 16),
-                  (512, 16))
+#: softmax "cached" shapes, tried in order: (threads per row G, units per thread PT); a row
+#: of up to G*PT*V elements fits, V elements a unit (V = 16/itemsize when the row allows, else 1)
+SOFTMAX_SHAPES = ((8, 1), (8, 2), (8, 4), (32, 2), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8))
 LONG_ROW_THREADS = 1024
 ELEMENTWISE_KERNELS = ("line_activation", "sigmoid_activation", "sigmoid_derivative",
                        "tanh_activation", "tanh_derivative", "lrelu_activation",
@@ -35,14 +35,18 @@ DENSE_KERNELS = ("perceptron_feed_forward", "dense_bias_act", "hidden_gradient_p
                  "article_update_weights")
 #: batches at least this large go through cuBLAS; smaller ones through our own kernels
 GEMM_MIN_BATCH = 8
+#: blocks per SM aimed at by the dense kernels' grids (single vectors must fill the GPU)
+DENSE_BLOCKS_PER_SM = 16
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
     t = _CTYPES
     softmax = []
-    for c in t:
+    for c, pack in zip(t, (4, 2)):
         for g, pt in SOFTMAX_SHAPES:
-            softmax += [f"softmax_activation<{c},{g},{pt}>", f"softmax_derivative<{c},{g},{pt}>"]
+            for v in (1, pack):
+                softmax += [f"softmax_activation<{c},{g},{pt},{v}>",
+                            f"softmax_derivative<{c},{g},{pt},{v}>"]
         softmax += [f"softmax_activation_long<{c}>", f"softmax_derivative_long<{c}>"]
     return {
         "activations.cu": tuple(f"{k}<{c}>" for k in ELEMENTWISE_KERNELS for c in t),
@@ -122,6 +126,14 @@ def sm_count() -> int:
 
 def aligned16(*arrays) -> bool:
     return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def rebuild_registry():
+    """Recompute REGISTRY after a tuning script changed SOFTMAX_SHAPES, and drop compiled modules."""
+    global REGISTRY
+    REGISTRY = _registry()
+    _module.cache_clear()
+    _function.cache_clear()
 
 
 def grid_for(work: int, threads: int = 256) -> int:

@@ -101,18 +101,18 @@ def _softmax_launch(kind, arrays, out):
         raise ValueError(f"{ref_name} rows longer than 2**31 - 1 elements are not supported")
     result = out if out is not None else cp.empty_like(ref)
     c = _rt.ctype(ref.dtype)
-    shape = next(((g, pt) for g, pt in _rt.SOFTMAX_SHAPES if cols <= g * pt), None)
+    pack = 16 // ref.itemsize
+    v = pack if cols % pack == 0 and _rt.aligned16(*arrays.values(), result) else 1
+    shape = next(((g, pt) for g, pt in _rt.SOFTMAX_SHAPES if cols <= g * pt * v), None)
     args = (*arrays.values(), result, _rt.np.int64(rows), _rt.np.int32(cols))
     if shape is None:
-        k = _rt.kernel("softmax.cu", f"{kind}_long<{c}>")
-        k((rows,), (_rt.LONG_ROW_THREADS,), args)
+        _rt.kernel("softmax.cu", f"{kind}_long<{c}>")((rows,), (_rt.LONG_ROW_THREADS,), args)
     else:
         g, pt = shape
-        k = _rt.kernel("softmax.cu", f"{kind}<{c},{g},{pt}>")
-        if g == 32:
-            rows_per_block = 8
-            k((-(-rows // rows_per_block),), (32 * rows_per_block,), args)
-        else:
+        k = _rt.kernel("softmax.cu", f"{kind}<{c},{g},{pt},{v}>")
+        if g <= 32:   # 256 threads: 256/g rows a block
+            k((-(-rows * g // 256),), (256,), args)
+        else:         # one block of g threads a row
             k((rows,), (g,), args)
     return result
 

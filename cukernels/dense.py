@@ -79,7 +79,7 @@ def hidden_gradient_gpu(W, g, outs, act):
                    (gi, outs, gi, np.int32(b), np.int32(i), np.int32(1), np.int32(act)))
         return _unbatch(gi, g)
     col_blocks = -(-i // 256)
-    slices = max(1, min(-(-n // 32), -(-4 * _rt.sm_count() // col_blocks)))
+    slices = max(1, min(-(-n // 32), -(-_rt.DENSE_BLOCKS_PER_SM * _rt.sm_count() // col_blocks)))
     rows = -(-n // slices)
     slices = -(-n // rows)
     part = gi if slices == 1 else cp.empty((slices, b, i), dtype=W.dtype)
@@ -93,7 +93,9 @@ def hidden_gradient_gpu(W, g, outs, act):
 
 def row_grid(n, i):
     """Grid of the (row, column) kernels: columns j <= I across x, rows grid-strided across y."""
-    return (-(-(i + 1) // 256), min(n, 65535))
+    xblocks = -(-(i + 1) // 256)
+    rows = max(1, -(-_rt.DENSE_BLOCKS_PER_SM * _rt.sm_count() // xblocks))
+    return (xblocks, min(n, rows, 65535))
 
 
 def perceptron_feed_forward(inputs, weights):

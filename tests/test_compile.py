@@ -1,5 +1,6 @@
 """Every registered kernel instance compiles for sm_90 and sm_80 with nvcc, without spills."""
 import os
+import re
 import shutil
 import tempfile
 
@@ -14,7 +15,8 @@ def _instance_name(demangled):
     """'void k<float, (bool)1>(float*, ...)' -> 'k<float,true>' (c++filt and cu++filt differ)."""
     head = demangled[:demangled.index(">(") + 1] if ">(" in demangled else demangled
     head = head.replace("void ", "", 1).replace(" ", "")
-    return head.replace("(bool)1", "true").replace("(bool)0", "false")
+    head = head.replace("(bool)1", "true").replace("(bool)0", "false")
+    return re.sub(r"\((?:unsigned|signed|int|long|short|char)+\)", "", head)
 
 
 @pytest.mark.compile

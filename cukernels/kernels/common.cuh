@@ -25,6 +25,14 @@ template <typename T> __device__ __forceinline__ T ck_sign(T x) {
     return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
 }
 
+// ---- tuning knobs (defaults chosen by bench/tune.py on an H100; -D overrides them) --------
+#ifndef CK_UNROLL
+#define CK_UNROLL 2      // 16-byte packs per thread per iteration in the elementwise drivers
+#endif
+#ifndef CK_STREAM
+#define CK_STREAM 1      // 1: streaming (evict-first) loads and stores for one-pass data
+#endif
+
 // ---- 16-byte packs: float4 for float, double2 for double ---------------------------
 template <typename T> struct Pack16;
 template <> struct Pack16<float>  { typedef float4  type; static const int N = 4; };
@@ -32,18 +40,28 @@ template <> struct Pack16<double> { typedef double2 type; static const int N = 2
 
 template <typename T>
 __device__ __forceinline__ void load16(const T* p, T (&v)[Pack16<T>::N]) {
-    typename Pack16<T>::type q = *reinterpret_cast<const typename Pack16<T>::type*>(p);
+    typedef typename Pack16<T>::type P;
+#if CK_STREAM
+    P q = __ldcs(reinterpret_cast<const P*>(p));
+#else
+    P q = *reinterpret_cast<const P*>(p);
+#endif
     const T* s = reinterpret_cast<const T*>(&q);
 #pragma unroll
     for (int j = 0; j < Pack16<T>::N; ++j) v[j] = s[j];
 }
 template <typename T>
 __device__ __forceinline__ void store16(T* p, const T (&v)[Pack16<T>::N]) {
-    typename Pack16<T>::type q;
+    typedef typename Pack16<T>::type P;
+    P q;
     T* d = reinterpret_cast<T*>(&q);
 #pragma unroll
     for (int j = 0; j < Pack16<T>::N; ++j) d[j] = v[j];
-    *reinterpret_cast<typename Pack16<T>::type*>(p) = q;
+#if CK_STREAM
+    __stcs(reinterpret_cast<P*>(p), q);
+#else
+    *reinterpret_cast<P*>(p) = q;
+#endif
 }
 
 __device__ __forceinline__ long long ck_tid() {
@@ -56,30 +74,45 @@ __device__ __forceinline__ long long ck_stride() {
 // ---- elementwise driver -------------------------------------------------------------
 // out[i] = Op::apply(in0[i], in1[i], in2[i], p) for i < n. NIN (1..3) inputs are read.
 // With vec != 0 (the host checked that every pointer is 16-byte aligned) the bulk moves in
-// 16-byte packs; the tail, and every element when vec == 0, moves one element at a time.
+// 16-byte packs, CK_UNROLL packs per thread per iteration, every load issued before the first
+// use; the tail, and every element when vec == 0, moves one element at a time.
 // `out` may alias any input: each element is read before it is written, by one thread.
 template <typename T> struct EwParams { T a; T b; int code; };
 
 template <typename T, int NIN, class Op>
 __device__ __forceinline__ void ew_map(const T* in0, const T* in1, const T* in2, T* out,
                                        long long n, const EwParams<T>& p, int vec) {
-    const int V = Pack16<T>::N;
+    const int V = Pack16<T>::N, U = CK_UNROLL;
+    const long long S = ck_stride();
     long long head = 0;
     if (vec) {
         const long long packs = n / V;
-        for (long long c = ck_tid(); c < packs; c += ck_stride()) {
-            T a[V], b[V], d[V], r[V];
-            load16(in0 + c * V, a);
-            if (NIN > 1) load16(in1 + c * V, b);
-            if (NIN > 2) load16(in2 + c * V, d);
+        for (long long c0 = ck_tid(); c0 < packs; c0 += S * U) {
+            T a[U][V], b[U][V], d[U][V];
 #pragma unroll
-            for (int j = 0; j < V; ++j)
-                r[j] = Op::apply(a[j], NIN > 1 ? b[j] : T(0), NIN > 2 ? d[j] : T(0), p);
-            store16(out + c * V, r);
+            for (int u = 0; u < U; ++u) {
+                const long long c = c0 + u * S;
+                if (c < packs) {
+                    load16(in0 + c * V, a[u]);
+                    if (NIN > 1) load16(in1 + c * V, b[u]);
+                    if (NIN > 2) load16(in2 + c * V, d[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long c = c0 + u * S;
+                if (c < packs) {
+                    T r[V];
+#pragma unroll
+                    for (int j = 0; j < V; ++j)
+                        r[j] = Op::apply(a[u][j], NIN > 1 ? b[u][j] : T(0), NIN > 2 ? d[u][j] : T(0), p);
+                    store16(out + c * V, r);
+                }
+            }
         }
         head = packs * V;
     }
-    for (long long i = head + ck_tid(); i < n; i += ck_stride())
+    for (long long i = head + ck_tid(); i < n; i += S)
         out[i] = Op::apply(in0[i], NIN > 1 ? in1[i] : T(0), NIN > 2 ? in2[i] : T(0), p);
 }
 
@@ -105,9 +138,4 @@ __device__ __forceinline__ T block_reduce(T v, T* scratch) {
     __syncthreads();
     T w = lane < nwarps ? scratch[lane] : (IS_MAX ? scratch[0] : T(0));
     return IS_MAX ? warp_max(w) : warp_sum(w);
-}
-template <typename T, int G, bool IS_MAX>
-__device__ __forceinline__ T group_reduce(T v, T* scratch) {
-    if (G == 32) return IS_MAX ? warp_max(v) : warp_sum(v);
-    return block_reduce<T, IS_MAX>(v, scratch);
 }

@@ -95,33 +95,46 @@ template <typename T, bool BOOK> struct AdamOp {
     }
 };
 
-// NS: how many moment arrays the rule keeps (0, 1 or 2).
+// NS: how many moment arrays the rule keeps (0, 1 or 2). Same scheme as ew_map: CK_UNROLL
+// 16-byte packs per thread per iteration, all loads before the first use.
 template <typename T, int NS, class Op>
 __device__ __forceinline__ void opt_map(T* D, T* w, T* s1, T* s2, long long n,
                                         const OptParams<T>& p, int vec) {
-    const int V = Pack16<T>::N;
+    const int V = Pack16<T>::N, U = CK_UNROLL;
+    const long long S = ck_stride();
     long long head = 0;
     if (vec) {
         const long long packs = n / V;
-        for (long long c = ck_tid(); c < packs; c += ck_stride()) {
-            const long long i = c * V;
-            T d[V], ww[V], a[V], b[V];
-            load16(D + i, d);
-            load16(w + i, ww);
-            if (NS > 0) load16(s1 + i, a);
-            if (NS > 1) load16(s2 + i, b);
+        for (long long c0 = ck_tid(); c0 < packs; c0 += S * U) {
+            T d[U][V], ww[U][V], a[U][V], b[U][V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) Op::apply(d[j], ww[j], a[j], b[j], p);
+            for (int u = 0; u < U; ++u) {
+                const long long i = (c0 + u * S) * V;
+                if (c0 + u * S < packs) {
+                    load16(D + i, d[u]);
+                    load16(w + i, ww[u]);
+                    if (NS > 0) load16(s1 + i, a[u]);
+                    if (NS > 1) load16(s2 + i, b[u]);
+                }
+            }
 #pragma unroll
-            for (int j = 0; j < V; ++j) d[j] = T(0);
-            store16(w + i, ww);
-            if (NS > 0) store16(s1 + i, a);
-            if (NS > 1) store16(s2 + i, b);
-            store16(D + i, d);
+            for (int u = 0; u < U; ++u) {
+                const long long i = (c0 + u * S) * V;
+                if (c0 + u * S < packs) {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) Op::apply(d[u][j], ww[u][j], a[u][j], b[u][j], p);
+#pragma unroll
+                    for (int j = 0; j < V; ++j) d[u][j] = T(0);
+                    store16(w + i, ww[u]);
+                    if (NS > 0) store16(s1 + i, a[u]);
+                    if (NS > 1) store16(s2 + i, b[u]);
+                    store16(D + i, d[u]);
+                }
+            }
         }
         head = packs * V;
     }
-    for (long long i = head + ck_tid(); i < n; i += ck_stride()) {
+    for (long long i = head + ck_tid(); i < n; i += S) {
         T ww = w[i], a = NS > 0 ? s1[i] : T(0), b = NS > 1 ? s2[i] : T(0);
         Op::apply(D[i], ww, a, b, p);
         w[i] = ww;

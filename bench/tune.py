@@ -1,0 +1,77 @@
+"""Sweep the kernels' tuning knobs on the benchmark sizes and print one line per variant.
+
+    python -m bench.tune [--part ew,dense,softmax]
+
+Knobs: the -D macros of the kernel sources (CK_UNROLL, CK_STREAM, CK_GEMV_UNROLL,
+CK_ROW_UNROLL), _rt.DENSE_BLOCKS_PER_SM and the order of _rt.SOFTMAX_SHAPES. The default
+variant is timed twice, first and last, so the spread between runs is visible. The winners
+become the defaults in kernels/common.cuh, kernels/dense.cu and cukernels/_rt.py.
+"""
+from __future__ import annotations
+
+import argparse
+
+from cukernels import _rt
+
+from . import suite
+
+BASE_OPTIONS = _rt.COMPILE_OPTIONS
+BASE_SHAPES = _rt.SOFTMAX_SHAPES
+BASE_BLOCKS = _rt.DENSE_BLOCKS_PER_SM
+
+
+def variant(opts=(), shapes=None, blocks=None):
+    _rt.COMPILE_OPTIONS = BASE_OPTIONS + tuple(opts)
+    _rt.SOFTMAX_SHAPES = shapes or BASE_SHAPES
+    _rt.DENSE_BLOCKS_PER_SM = blocks or BASE_BLOCKS
+    _rt.rebuild_registry()
+
+
+def measure(label, groups, names, copy, repeat=40):
+    cells = []
+    for g in groups:
+        for b in suite.GROUPS[g]():
+            if names and not any(b.name.startswith(n) for n in names):
+                continue
+            us = suite.gpu_time_us(b.ours, n_repeat=repeat)
+            frac = f" {b.bytes / us / 1e3 / copy:.0%}" if b.bytes else ""
+            cells.append(f"{b.name}={us:.1f}us{frac}")
+            for lab, fn in b.baselines.items():
+                if "torch" in lab:
+                    cells.append(f"[{lab}={suite.gpu_time_us(fn, n_repeat=repeat):.1f}us]")
+    print(f"{label:42s} " + "  ".join(cells), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", default="ew,dense,softmax")
+    parts = ap.parse_args(argv).part.split(",")
+    copy = suite.copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    if "ew" in parts:
+        names = ["sigmoid_activation", "swish_activation", "mask_mult", "lrelu_derivative",
+                 "sgd_update", "adam_update"]
+        for opts in ([], ["-DCK_UNROLL=1"], ["-DCK_UNROLL=4"], ["-DCK_STREAM=0"],
+                     ["-DCK_STREAM=0", "-DCK_UNROLL=4"], ["-DCK_UNROLL=1", "-DCK_STREAM=0"], []):
+            variant(opts)
+            measure(" ".join(opts) or "default", ["elementwise", "update"], names, copy)
+    if "dense" in parts:
+        names = ["perceptron_feed_forward B=1", "calc_hidden_gradient B=1", "calc_delta_weights B=1"]
+        for opts, blocks in (([], None), (["-DCK_GEMV_UNROLL=4"], None),
+                             (["-DCK_GEMV_UNROLL=16"], None), ([], 8), ([], 32),
+                             (["-DCK_ROW_UNROLL=1"], None), (["-DCK_ROW_UNROLL=8"], None),
+                             (["-DCK_GEMV_UNROLL=16", "-DCK_ROW_UNROLL=8"], 32), ([], None)):
+            variant(opts, blocks=blocks)
+            measure(f"{' '.join(opts) or 'default'} blocks/SM={blocks or BASE_BLOCKS}", ["dense"],
+                    names, copy)
+    if "softmax" in parts:
+        alt = [((8, 1), (8, 2), (32, 1), (32, 2), (32, 4), (32, 8), (256, 4), (256, 8), (512, 8)),
+               ((8, 1), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8), (512, 2), (512, 4), (512, 8))]
+        for shapes in [None] + alt + [None]:
+            variant(shapes=shapes)
+            measure(f"shapes {shapes or 'default'}"[:42], ["softmax"], [], copy)
+    variant()
+
+
+if __name__ == "__main__":
+    main()
