@@ -18,12 +18,14 @@ from . import suite
 BASE_OPTIONS = _rt.COMPILE_OPTIONS
 BASE_SHAPES = _rt.SOFTMAX_SHAPES
 BASE_BLOCKS = _rt.DENSE_BLOCKS_PER_SM
+BASE_GRID = _rt.GRID_BLOCKS_PER_SM
 
 
-def variant(opts=(), shapes=None, blocks=None):
+def variant(opts=(), shapes=None, blocks=None, grid=None):
     _rt.COMPILE_OPTIONS = BASE_OPTIONS + tuple(opts)
     _rt.SOFTMAX_SHAPES = shapes or BASE_SHAPES
     _rt.DENSE_BLOCKS_PER_SM = blocks or BASE_BLOCKS
+    _rt.GRID_BLOCKS_PER_SM = grid or BASE_GRID
     _rt.rebuild_registry()
 
 
@@ -51,19 +53,20 @@ def main(argv=None):
     if "ew" in parts:
         names = ["sigmoid_activation", "swish_activation", "mask_mult", "lrelu_derivative",
                  "sgd_update", "adam_update"]
-        for opts in ([], ["-DCK_UNROLL=1"], ["-DCK_UNROLL=4"], ["-DCK_STREAM=0"],
-                     ["-DCK_STREAM=0", "-DCK_UNROLL=4"], ["-DCK_UNROLL=1", "-DCK_STREAM=0"], []):
-            variant(opts)
-            measure(" ".join(opts) or "default", ["elementwise", "update"], names, copy)
+        for opts, grid in (([], None), (["-DCK_UNROLL=1"], None), ([], 8), ([], 16), ([], 4096),
+                           (["-DCK_UNROLL=4"], 8), (["-DCK_STREAM=1"], None), ([], None)):
+            variant(opts, grid=grid)
+            measure(f"{' '.join(opts) or 'default'} grid/SM={grid or BASE_GRID}",
+                    ["elementwise", "update"], names, copy)
     if "dense" in parts:
         names = ["perceptron_feed_forward B=1", "calc_hidden_gradient B=1", "calc_delta_weights B=1"]
-        for opts, blocks in (([], None), (["-DCK_GEMV_UNROLL=4"], None),
-                             (["-DCK_GEMV_UNROLL=16"], None), ([], 8), ([], 32),
-                             (["-DCK_ROW_UNROLL=1"], None), (["-DCK_ROW_UNROLL=8"], None),
-                             (["-DCK_GEMV_UNROLL=16", "-DCK_ROW_UNROLL=8"], 32), ([], None)):
-            variant(opts, blocks=blocks)
-            measure(f"{' '.join(opts) or 'default'} blocks/SM={blocks or BASE_BLOCKS}", ["dense"],
-                    names, copy)
+        for opts, blocks, grid in (([], None, None), (["-DCK_GEMV_UNROLL=2"], None, None),
+                                   (["-DCK_GEMV_UNROLL=8"], None, None),
+                                   (["-DCK_COL_UNROLL=32"], None, None), ([], 8, 8),
+                                   (["-DCK_COL_UNROLL=32"], 8, 16), ([], 32, 4096), ([], None, None)):
+            variant(opts, blocks=blocks, grid=grid)
+            measure(f"{' '.join(opts) or 'default'} blocks/SM={blocks or BASE_BLOCKS} "
+                    f"grid/SM={grid or BASE_GRID}", ["dense"], names, copy)
     if "softmax" in parts:
         alt = [((8, 1), (8, 2), (32, 1), (32, 2), (32, 4), (32, 8), (256, 4), (256, 8), (512, 8)),
                ((8, 1), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8), (512, 2), (512, 4), (512, 8))]

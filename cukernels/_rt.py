@@ -35,8 +35,10 @@ DENSE_KERNELS = ("perceptron_feed_forward", "dense_bias_act", "hidden_gradient_p
                  "article_update_weights")
 #: batches at least this large go through cuBLAS; smaller ones through our own kernels
 GEMM_MIN_BATCH = 8
-#: blocks per SM aimed at by the dense kernels' grids (single vectors must fill the GPU)
+#: blocks per SM aimed at by the hidden-gradient grid (a single vector must fill the GPU)
 DENSE_BLOCKS_PER_SM = 16
+#: cap of the grid-stride kernels' grids, in blocks of 256 threads per SM
+GRID_BLOCKS_PER_SM = 32
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -138,7 +140,7 @@ def rebuild_registry():
 
 def grid_for(work: int, threads: int = 256) -> int:
     """Blocks for a grid-stride loop over `work` items: enough to fill the GPU, no more."""
-    return max(1, min(-(-work // threads), sm_count() * 32))
+    return max(1, min(-(-work // threads), sm_count() * GRID_BLOCKS_PER_SM))
 
 
 def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):

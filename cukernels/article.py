@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _rt, oracle
-from .dense import _layer, feed_forward_gpu, hidden_gradient_gpu, row_grid
+from .dense import _layer, feed_forward_gpu, flat_launch, hidden_gradient_gpu
 
 
 def _act_code(activation):
@@ -85,6 +85,8 @@ def update_weights(matrix_w, matrix_g, matrix_i, matrix_dw, learning_rates, mome
     if xp is not _rt.cupy_module():
         return oracle.article_update_weights(matrix_w, matrix_g, matrix_i, matrix_dw, lr, mom)
     x2, g2 = matrix_i.reshape(-1, i), matrix_g.reshape(-1, n)
+    grid, vec, inv_l = flat_launch(matrix_w, matrix_dw)
     _rt.kernel("dense.cu", f"article_update_weights<{_rt.ctype(matrix_w.dtype)}>")(
-        row_grid(n, i), (256,),
-        (matrix_w, g2, x2, matrix_dw, np.int32(x2.shape[0]), np.int32(n), np.int32(i), lr, mom))
+        grid, (256,),
+        (matrix_w, g2, x2, matrix_dw, np.int32(x2.shape[0]), np.int32(n), np.int32(i), lr, mom,
+         inv_l, vec))

@@ -5,7 +5,8 @@ column. ``inputs`` is one vector (I,) or a batch (B, I); ``gradients`` one vecto
 batch (B, N). A batch behaves as B single-vector calls in a row.
 
 GPU paths: batches below ``_rt.GEMM_MIN_BATCH`` run our kernels of kernels/dense.cu, which
-read W once per four vectors and give, for every vector, the same bits as a single call;
+read W once per four vectors (feed-forward, hidden gradient) or once (delta weights) and
+give, for every vector, the same bits as a single call;
 larger batches run one cuBLAS GEMM (FP32 strict) on the strided view of W plus one of our
 kernels for the bias column, which agrees with the single calls to rounding.
 """
@@ -57,7 +58,10 @@ def feed_forward_gpu(x, W, act):
         _rt.gemm(True, False, n, b, i, 1.0, W, i + 1, x2, i, 0.0, y, n)
         _rt.kernel("dense.cu", f"dense_bias_act<{c}>")((_rt.grid_for(b * n),), (256,), (W, y, *dims))
     else:
-        _rt.kernel("dense.cu", f"perceptron_feed_forward<{c}>")((-(-n // 8),), (256,), (x2, W, y, *dims))
+        packs = (i + 1) // (16 // W.itemsize)
+        threads = min(256, max(32, 32 * -(-packs // (4 * 32))))   # about 4 packs per thread
+        _rt.kernel("dense.cu", f"perceptron_feed_forward<{c}>")(
+            (n,), (threads,), (x2, W, y, *dims, np.int32(_rt.aligned16(W))))
     return _unbatch(y, x)
 
 
@@ -91,11 +95,11 @@ def hidden_gradient_gpu(W, g, outs, act):
     return _unbatch(gi, g)
 
 
-def row_grid(n, i):
-    """Grid of the (row, column) kernels: columns j <= I across x, rows grid-strided across y."""
-    xblocks = -(-(i + 1) // 256)
-    rows = max(1, -(-_rt.DENSE_BLOCKS_PER_SM * _rt.sm_count() // xblocks))
-    return (xblocks, min(n, rows, 65535))
+def flat_launch(W, *arrays):
+    """(grid, vec, 1/(I + 1)) of a flat pass over the N*(I + 1) elements of W-shaped arrays."""
+    vec = _rt.aligned16(W, *arrays)
+    work = W.size // (16 // W.itemsize) if vec else W.size
+    return (_rt.grid_for(work),), np.int32(vec), np.float64(1.0 / W.shape[1])
 
 
 def perceptron_feed_forward(inputs, weights):
@@ -148,5 +152,7 @@ def calc_delta_weights(inputs, delta_weights, gradients):
         _rt.gemm(False, True, i, n, b, 1.0, x2, i, g2, n, 1.0, delta_weights, i + 1)
         _rt.kernel("dense.cu", f"delta_bias<{c}>")((_rt.grid_for(n),), (256,), (delta_weights, g2, *dims))
     else:
-        _rt.kernel("dense.cu", f"calc_delta_weights<{c}>")(row_grid(n, i), (256,), (x2, delta_weights, g2, *dims))
+        grid, vec, inv_l = flat_launch(delta_weights)
+        _rt.kernel("dense.cu", f"calc_delta_weights<{c}>")(
+            grid, (256,), (x2, delta_weights, g2, *dims, inv_l, vec))
     return delta_weights

@@ -30,7 +30,7 @@ template <typename T> __device__ __forceinline__ T ck_sign(T x) {
 #define CK_UNROLL 2      // 16-byte packs per thread per iteration in the elementwise drivers
 #endif
 #ifndef CK_STREAM
-#define CK_STREAM 1      // 1: streaming (evict-first) loads and stores for one-pass data
+#define CK_STREAM 0      // 1: streaming (evict-first) loads and stores for one-pass data
 #endif
 
 // ---- 16-byte packs: float4 for float, double2 for double ---------------------------

@@ -7,29 +7,37 @@
 // act: -1 none (the book), 0 tanh, 1 sigmoid, other: none (the article's codes).
 //
 //   perceptron_feed_forward  y[b,n] = act(sum_i x[b,i]*W[n,i] + W[n,I])
-//       one warp per row n (blockDim/32 rows a block), CK_GEMV_UNROLL loads in flight per lane,
-//       batch in chunks of 4 per pass over W.
+//       one block per row n, 16-byte loads of the row, batch in chunks of 4 per pass over W.
 //   dense_bias_act           y[b,n] = act(y[b,n] + W[n,I])   (epilogue after a cuBLAS GEMM)
 //   hidden_gradient_partial  part[s,b,i] = sum_{o in slice s} g[b,o]*W[o,i]    (i < I)
-//       grid (ceil(I/blockDim), S): one thread per column i, coalesced rows of W, CK_GEMV_UNROLL
+//       grid (ceil(I/blockDim), S): one thread per column i, coalesced rows of W, CK_COL_UNROLL
 //       rows in flight; the rows are cut into S slices so that a single vector fills the GPU.
 //   hidden_gradient_finish   gi[b,i] = epilogue(sum_s part[s,b,i]) in slice order (no atomics)
 //       epilogue for the article (code 0 tanh, 1 sigmoid, with o = outputs[b,i]):
 //       c = clamp(sum + o, lo, 1); (c - o)*f'(o) with the article's guards; otherwise sum.
 //   calc_delta_weights       dW[n,j] += sum_b (j < I ? x[b,j] : 1)*g[b,n]     (j <= I)
+//       flat over dW, 1-D grid-stride, 16-byte packs.
 //   delta_bias               dW[n,I] += sum_b g[b,n]   (after a cuBLAS GEMM did j < I)
 //   article_update_weights   for b in order: u = lr*g[b,n]*(j < I ? x[b,j] : 1) + mom*dW[n,j];
 //                            dW[n,j] = u; W[n,j] += u
-//       the three last ones: grid (ceil((I+1)/blockDim), Y), rows grid-strided by Y,
-//       CK_ROW_UNROLL rows per thread per pass.
+//       flat over W and dW like calc_delta_weights.
 #include "common.cuh"
 
 #ifndef CK_GEMV_UNROLL
-#define CK_GEMV_UNROLL 8   // loads of W in flight per lane (feed-forward) or thread (hidden)
+#define CK_GEMV_UNROLL 4   // 16-byte packs of a row in flight per thread (feed-forward)
 #endif
-#ifndef CK_ROW_UNROLL
-#define CK_ROW_UNROLL 4    // rows per thread per pass in the (row, column) kernels
+#ifndef CK_COL_UNROLL
+#define CK_COL_UNROLL 16   // rows of W in flight per thread (hidden gradient)
 #endif
+
+// Row and column of flat index k of a row-major matrix with rows of L elements, from a
+// double reciprocal and one correction step (exact for k < 2^53).
+__device__ __forceinline__ void flat_row_col(long long k, long long L, double inv_L,
+                                             long long& n, long long& j) {
+    n = (long long)((double)k * inv_L);
+    j = k - n * L;
+    if (j < 0) { --n; j += L; } else if (j >= L) { ++n; j -= L; }
+}
 
 template <typename T>
 __device__ __forceinline__ T dense_act(T s, int act) {
@@ -38,38 +46,56 @@ __device__ __forceinline__ T dense_act(T s, int act) {
     return s;
 }
 
+// One block per row n; the row (I + 1 elements, the bias last, times an input of 1) is read
+// with 16-byte loads from its first 16-byte boundary on (vec != 0: W's base is aligned),
+// scalars before and after. Fixed per-thread order and block tree: same bits for any B.
 template <typename T>
-__global__ void perceptron_feed_forward(const T* x, const T* W, T* y, int B, int N, int I, int act) {
-    const int lane = threadIdx.x & 31, U = CK_GEMV_UNROLL;
-    const long long n = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    const T* wr = W + n * (long long)(I + 1);
+__device__ __forceinline__ T dense_term(const T* xb, int e, int I, T w) {
+    return (e < I ? xb[e] : T(1)) * w;
+}
+
+template <typename T>
+__global__ void perceptron_feed_forward(const T* x, const T* W, T* y, int B, int N, int I, int act,
+                                        int vec) {
+    __shared__ T scratch[32];
+    const int V = Pack16<T>::N, U = CK_GEMV_UNROLL, L = I + 1, nt = blockDim.x;
+    const long long n = blockIdx.x;
+    const T* wr = W + n * L;
+    const int head = vec ? (int)((V - (n * L) % V) % V) : L;  // scalars before the first pack
+    const int packs = head < L ? (L - head) / V : 0;
+    const int tail = head + packs * V;
     for (int b0 = 0; b0 < B; b0 += 4) {
         const int nb = min(4, B - b0);
         const T* xb = x + (long long)b0 * I;
         T acc[4] = {T(0), T(0), T(0), T(0)};
-        int i = lane;
-        for (; i + 32 * (U - 1) < I; i += 32 * U) {     // U loads of W in flight
-            T wv[U];
+        for (int e = threadIdx.x; e < min(head, L); e += nt)
 #pragma unroll
-            for (int u = 0; u < U; ++u) wv[u] = wr[i + 32 * u];
+            for (int j = 0; j < 4; ++j) if (j < nb) acc[j] += dense_term(xb + (long long)j * I, e, I, wr[e]);
+        for (int p0 = threadIdx.x; p0 < packs; p0 += nt * U) {
+            T w[U][V];
 #pragma unroll
             for (int u = 0; u < U; ++u)
+                if (p0 + u * nt < packs) load16(wr + head + (p0 + u * nt) * V, w[u]);
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (j < nb) acc[j] += xb[(long long)j * I + i + 32 * u] * wv[u];
-        }
-        for (; i < I; i += 32) {
-            const T wv = wr[i];
+            for (int u = 0; u < U; ++u) {
+                if (p0 + u * nt < packs) {
+                    const int e0 = head + (p0 + u * nt) * V;
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (j < nb) acc[j] += xb[(long long)j * I + i] * wv;
+                    for (int v = 0; v < V; ++v)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            if (j < nb) acc[j] += dense_term(xb + (long long)j * I, e0 + v, I, w[u][v]);
+                }
+            }
         }
+        for (int e = tail + threadIdx.x; e < L; e += nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) if (j < nb) acc[j] += dense_term(xb + (long long)j * I, e, I, wr[e]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            if (j < nb) {
-                const T s = warp_sum(acc[j]);
-                if (lane == 0) y[(long long)(b0 + j) * N + n] = dense_act(s + wr[I], act);
+            if (j < nb) {                      // nb is uniform across the block
+                const T s = block_reduce<T, false>(acc[j], scratch);
+                if (threadIdx.x == 0) y[(long long)(b0 + j) * N + n] = dense_act(s, act);
             }
         }
     }
@@ -87,7 +113,7 @@ __global__ void dense_bias_act(const T* W, T* y, int B, int N, int I, int act) {
 template <typename T>
 __global__ void hidden_gradient_partial(const T* W, const T* g, T* part, int B, int N, int I,
                                         int rows_per_slice) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, U = CK_GEMV_UNROLL;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, U = CK_COL_UNROLL;
     if (i >= I) return;
     const int s = blockIdx.y;
     const int o0 = s * rows_per_slice, o1 = min(N, o0 + rows_per_slice);
@@ -137,27 +163,42 @@ __global__ void hidden_gradient_finish(const T* part, const T* outs, T* gi, int 
     }
 }
 
+// Flat over the N*(I + 1) elements of dW (contiguous): 16-byte packs when vec != 0, the row
+// and column of each element from flat_row_col. For each element the batch is summed in order.
 template <typename T>
-__global__ void calc_delta_weights(const T* x, T* dW, const T* g, int B, int N, int I) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, R = CK_ROW_UNROLL;
-    if (j > I) return;
-    const long long step = gridDim.y;
-    for (long long n0 = blockIdx.y; n0 < N; n0 += step * R) {
-        T acc[R];
+__device__ __forceinline__ T delta_term(const T* x, const T* g, int B, int N, int I, long long n,
+                                        long long j, T acc) {
+    for (int b = 0; b < B; ++b)
+        acc += (j < I ? x[(long long)b * I + j] : T(1)) * g[(long long)b * N + n];
+    return acc;
+}
+
+template <typename T>
+__global__ void calc_delta_weights(const T* x, T* dW, const T* g, int B, int N, int I,
+                                   double inv_L, int vec) {
+    const int V = Pack16<T>::N;
+    const long long L = I + 1, total = (long long)N * L, S = ck_stride();
+    long long head = 0;
+    if (vec) {
+        const long long packs = total / V;
+        for (long long c = ck_tid(); c < packs; c += S) {
+            T d[V];
+            load16(dW + c * V, d);
+            long long n, j;
+            flat_row_col(c * V, L, inv_L, n, j);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {                  // R rows' loads in flight
-            const long long n = n0 + r * step;
-            if (n < N) acc[r] = dW[n * (I + 1) + j];
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const long long n = n0 + r * step;
-            if (n < N) {
-                for (int b = 0; b < B; ++b)
-                    acc[r] += (j < I ? x[(long long)b * I + j] : T(1)) * g[(long long)b * N + n];
-                dW[n * (I + 1) + j] = acc[r];
+            for (int v = 0; v < V; ++v) {
+                d[v] = delta_term(x, g, B, N, I, n, j, d[v]);
+                if (++j == L) { j = 0; ++n; }
             }
+            store16(dW + c * V, d);
         }
+        head = packs * V;
+    }
+    for (long long k = head + ck_tid(); k < total; k += S) {
+        long long n, j;
+        flat_row_col(k, L, inv_L, n, j);
+        dW[k] = delta_term(x, g, B, N, I, n, j, dW[k]);
     }
 }
 
@@ -171,30 +212,44 @@ __global__ void delta_bias(T* dW, const T* g, int B, int N, int I) {
 }
 
 template <typename T>
+__device__ __forceinline__ void article_term(const T* g, const T* x, int B, int N, int I, long long n,
+                                             long long j, T lr, T momentum, T& w, T& d) {
+    for (int b = 0; b < B; ++b) {
+        d = lr * g[(long long)b * N + n] * (j < I ? x[(long long)b * I + j] : T(1)) + momentum * d;
+        w += d;
+    }
+}
+
+template <typename T>
 __global__ void article_update_weights(T* W, const T* g, const T* x, T* dW, int B, int N, int I,
-                                       T lr, T momentum) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, R = CK_ROW_UNROLL;
-    if (j > I) return;
-    const long long step = gridDim.y;
-    for (long long n0 = blockIdx.y; n0 < N; n0 += step * R) {
-        T w[R], d[R];
+                                       T lr, T momentum, double inv_L, int vec) {
+    const int V = Pack16<T>::N;
+    const long long L = I + 1, total = (long long)N * L, S = ck_stride();
+    long long head = 0;
+    if (vec) {
+        const long long packs = total / V;
+        for (long long c = ck_tid(); c < packs; c += S) {
+            T w[V], d[V];
+            load16(W + c * V, w);
+            load16(dW + c * V, d);
+            long long n, j;
+            flat_row_col(c * V, L, inv_L, n, j);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const long long n = n0 + r * step;
-            if (n < N) { w[r] = W[n * (I + 1) + j]; d[r] = dW[n * (I + 1) + j]; }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const long long n = n0 + r * step;
-            if (n < N) {
-                for (int b = 0; b < B; ++b) {
-                    d[r] = lr * g[(long long)b * N + n] * (j < I ? x[(long long)b * I + j] : T(1))
-                           + momentum * d[r];
-                    w[r] += d[r];
-                }
-                W[n * (I + 1) + j] = w[r];
-                dW[n * (I + 1) + j] = d[r];
+            for (int v = 0; v < V; ++v) {
+                article_term(g, x, B, N, I, n, j, lr, momentum, w[v], d[v]);
+                if (++j == L) { j = 0; ++n; }
             }
+            store16(W + c * V, w);
+            store16(dW + c * V, d);
         }
+        head = packs * V;
+    }
+    for (long long k = head + ck_tid(); k < total; k += S) {
+        long long n, j;
+        flat_row_col(k, L, inv_L, n, j);
+        T w = W[k], d = dW[k];
+        article_term(g, x, B, N, I, n, j, lr, momentum, w, d);
+        W[k] = w;
+        dW[k] = d;
     }
 }
