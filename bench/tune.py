@@ -19,13 +19,15 @@ BASE_OPTIONS = _rt.COMPILE_OPTIONS
 BASE_SHAPES = _rt.SOFTMAX_SHAPES
 BASE_BLOCKS = _rt.DENSE_BLOCKS_PER_SM
 BASE_GRID = _rt.GRID_BLOCKS_PER_SM
+BASE_FF = _rt.FF_PACKS_PER_THREAD
 
 
-def variant(opts=(), shapes=None, blocks=None, grid=None):
+def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None):
     _rt.COMPILE_OPTIONS = BASE_OPTIONS + tuple(opts)
     _rt.SOFTMAX_SHAPES = shapes or BASE_SHAPES
     _rt.DENSE_BLOCKS_PER_SM = blocks or BASE_BLOCKS
     _rt.GRID_BLOCKS_PER_SM = grid or BASE_GRID
+    _rt.FF_PACKS_PER_THREAD = ff or BASE_FF
     _rt.rebuild_registry()
 
 
@@ -60,15 +62,15 @@ def main(argv=None):
                     ["elementwise", "update"], names, copy)
     if "dense" in parts:
         names = ["perceptron_feed_forward B=1", "calc_hidden_gradient B=1", "calc_delta_weights B=1"]
-        for opts, blocks, grid in (([], None, None), (["-DCK_GEMV_UNROLL=2"], None, None),
-                                   (["-DCK_GEMV_UNROLL=8"], None, None),
-                                   (["-DCK_COL_UNROLL=32"], None, None), ([], 8, 8),
-                                   (["-DCK_COL_UNROLL=32"], 8, 16), ([], 32, 4096), ([], None, None)):
-            variant(opts, blocks=blocks, grid=grid)
+        for opts, blocks, ff in (([], None, None), ([], None, 8), ([], None, 16), ([], None, 2),
+                                 (["-DCK_GEMV_UNROLL=8"], None, 8), ([], 24, None),
+                                 (["-DCK_COL_UNROLL=8"], 32, None), ([], None, None)):
+            variant(opts, blocks=blocks, ff=ff)
             measure(f"{' '.join(opts) or 'default'} blocks/SM={blocks or BASE_BLOCKS} "
-                    f"grid/SM={grid or BASE_GRID}", ["dense"], names, copy)
+                    f"ff/thread={ff or BASE_FF}", ["dense"], names, copy)
     if "softmax" in parts:
-        alt = [((8, 1), (8, 2), (32, 1), (32, 2), (32, 4), (32, 8), (256, 4), (256, 8), (512, 8)),
+        alt = [((4, 2), (4, 4), (4, 8), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8)),
+               ((2, 8), (4, 8), (32, 4), (32, 8), (256, 4), (256, 8), (512, 8)),
                ((8, 1), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8), (512, 2), (512, 4), (512, 8))]
         for shapes in [None] + alt + [None]:
             variant(shapes=shapes)

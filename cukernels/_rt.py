@@ -37,8 +37,11 @@ DENSE_KERNELS = ("perceptron_feed_forward", "dense_bias_act", "hidden_gradient_p
 GEMM_MIN_BATCH = 8
 #: blocks per SM aimed at by the hidden-gradient grid (a single vector must fill the GPU)
 DENSE_BLOCKS_PER_SM = 16
-#: cap of the grid-stride kernels' grids, in blocks of 256 threads per SM
+#: cap of the grid-stride grids of the flat dense kernels, in blocks of 256 threads per SM
+#: (the elementwise and update kernels run uncapped: one 16-byte pack per thread was fastest)
 GRID_BLOCKS_PER_SM = 32
+#: 16-byte packs per thread in the one-block-per-row feed-forward (sets its block size)
+FF_PACKS_PER_THREAD = 4
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -138,9 +141,12 @@ def rebuild_registry():
     _function.cache_clear()
 
 
-def grid_for(work: int, threads: int = 256) -> int:
-    """Blocks for a grid-stride loop over `work` items: enough to fill the GPU, no more."""
-    return max(1, min(-(-work // threads), sm_count() * GRID_BLOCKS_PER_SM))
+def grid_for(work: int, threads: int = 256, capped: bool = True) -> int:
+    """Blocks for a grid-stride loop over `work` items: one item per thread, at most
+    GRID_BLOCKS_PER_SM blocks per SM when capped (then threads loop)."""
+    blocks = -(-work // threads)
+    cap = sm_count() * GRID_BLOCKS_PER_SM if capped else 2**31 - 1
+    return max(1, min(blocks, cap))
 
 
 def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):
@@ -150,7 +156,7 @@ def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):
     vec = aligned16(*inputs, out)
     n = out.size
     work = n // (16 // out.itemsize) if vec else n
-    kernel(filename, name)((grid_for(work),), (256,),
+    kernel(filename, name)((grid_for(work, capped=False),), (256,),
                            (*ins, out, np.int64(n), t(a), t(b), np.int32(code), np.int32(vec)))
     return out
 
@@ -165,7 +171,7 @@ def launch_update(name, variant, D, w, s1, s2, batch, lr, beta1, beta2, l1, l2, 
     n = w.size
     work = n // (16 // w.itemsize) if vec else n
     k = kernel("optim.cu", f"{name}<{ctype(w.dtype)},{_BOOL[variant == 'book']}>")
-    k((grid_for(work),), (256,),
+    k((grid_for(work, capped=False),), (256,),
       (D, w, s1, s2, np.int64(n), t(batch), t(lr), t(beta1), t(beta2), t(l1), t(l2), t(eps),
        t(c1), t(c2), np.int32(vec)))
 

@@ -59,7 +59,8 @@ def feed_forward_gpu(x, W, act):
         _rt.kernel("dense.cu", f"dense_bias_act<{c}>")((_rt.grid_for(b * n),), (256,), (W, y, *dims))
     else:
         packs = (i + 1) // (16 // W.itemsize)
-        threads = min(256, max(32, 32 * -(-packs // (4 * 32))))   # about 4 packs per thread
+        per = _rt.FF_PACKS_PER_THREAD
+        threads = min(1024 // per, max(32, 32 * -(-packs // (per * 32))))
         _rt.kernel("dense.cu", f"perceptron_feed_forward<{c}>")(
             (n,), (threads,), (x2, W, y, *dims, np.int32(_rt.aligned16(W))))
     return _unbatch(y, x)

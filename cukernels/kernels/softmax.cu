@@ -1,8 +1,8 @@
 // softmax.cu: row-wise SoftMax and its derivative over `rows` rows of `cols` elements
 // (row-major, contiguous).
 //
-//   softmax_activation   y = exp(x - max(x)) / sum(exp(x - max(x)))   (max subtracted: no
-//                        overflow for any finite input)
+//   softmax_activation   y = exp(x - max(x)) * (1/sum(exp(x - max(x))))  (max subtracted: no
+//                        overflow for any finite input; one division per row)
 //   softmax_derivative   input_gr = y*(g - sum(y*g))                   (the book's formula
 //                        sum_j y_j*g_j*(delta_ij - y_i), in O(cols) per row)
 //
@@ -106,11 +106,11 @@ __global__ void softmax_activation(const T* x, T* y, long long rows, int cols) {
             v[k][j] = (k * G + lane) * V + j < nc ? ck_exp(v[k][j] - m) : T(0);
             s += v[k][j];
         }
-    s = row_reduce<T, G, false>(s, scratch);
+    const T inv = T(1) / row_reduce<T, G, false>(s, scratch);   // one division per row
 #pragma unroll
     for (int k = 0; k < PT; ++k) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[k][j] = v[k][j] / s;
+        for (int j = 0; j < V; ++j) v[k][j] = v[k][j] * inv;
         store_unit<T, G, V>(yr, k, lane, nc, v[k]);
     }
 }
@@ -130,8 +130,8 @@ __global__ void softmax_activation_long(const T* x, T* y, long long rows, int co
     }
     const T M = block_reduce<T, true>(m, scratch);
     s = m == ninf ? T(0) : s * ck_exp(m - M);
-    const T S = block_reduce<T, false>(s, scratch);
-    for (int idx = threadIdx.x; idx < cols; idx += blockDim.x) yr[idx] = ck_exp(xr[idx] - M) / S;
+    const T inv = T(1) / block_reduce<T, false>(s, scratch);
+    for (int idx = threadIdx.x; idx < cols; idx += blockDim.x) yr[idx] = ck_exp(xr[idx] - M) * inv;
 }
 
 template <typename T, int G, int PT, int V>
