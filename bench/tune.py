@@ -20,14 +20,19 @@ BASE_SHAPES = _rt.SOFTMAX_SHAPES
 BASE_BLOCKS = _rt.DENSE_BLOCKS_PER_SM
 BASE_GRID = _rt.GRID_BLOCKS_PER_SM
 BASE_FF = _rt.FF_PACKS_PER_THREAD
+BASE_SMT = _rt.SOFTMAX_GROUP_THREADS
 
 
-def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None):
+def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None, smt=None, col=None):
     _rt.COMPILE_OPTIONS = BASE_OPTIONS + tuple(opts)
     _rt.SOFTMAX_SHAPES = shapes or BASE_SHAPES
     _rt.DENSE_BLOCKS_PER_SM = blocks or BASE_BLOCKS
     _rt.GRID_BLOCKS_PER_SM = grid or BASE_GRID
     _rt.FF_PACKS_PER_THREAD = ff or BASE_FF
+    _rt.SOFTMAX_GROUP_THREADS = smt or BASE_SMT
+    _rt.COL_UNROLL = col or 16
+    if col:
+        _rt.COMPILE_OPTIONS += (f"-DCK_COL_UNROLL={col}",)
     _rt.rebuild_registry()
 
 
@@ -61,20 +66,19 @@ def main(argv=None):
             measure(f"{' '.join(opts) or 'default'} grid/SM={grid or BASE_GRID}",
                     ["elementwise", "update"], names, copy)
     if "dense" in parts:
-        names = ["perceptron_feed_forward B=1", "calc_hidden_gradient B=1", "calc_delta_weights B=1"]
-        for opts, blocks, ff in (([], None, None), ([], None, 8), ([], None, 16), ([], None, 2),
-                                 (["-DCK_GEMV_UNROLL=8"], None, 8), ([], 24, None),
-                                 (["-DCK_COL_UNROLL=8"], 32, None), ([], None, None)):
-            variant(opts, blocks=blocks, ff=ff)
-            measure(f"{' '.join(opts) or 'default'} blocks/SM={blocks or BASE_BLOCKS} "
-                    f"ff/thread={ff or BASE_FF}", ["dense"], names, copy)
+        names = ["calc_hidden_gradient B=1"]
+        for blocks, col in ((None, None), (8, None), (32, None), (None, 8), (None, 32), (16, 24),
+                            (None, None)):
+            variant(blocks=blocks, col=col)
+            measure(f"hidden: blocks/SM={blocks or BASE_BLOCKS} col_unroll={col or 16}",
+                    ["dense"], names, copy)
     if "softmax" in parts:
-        alt = [((4, 2), (4, 4), (4, 8), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8)),
-               ((2, 8), (4, 8), (32, 4), (32, 8), (256, 4), (256, 8), (512, 8)),
-               ((8, 1), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8), (512, 2), (512, 4), (512, 8))]
-        for shapes in [None] + alt + [None]:
-            variant(shapes=shapes)
-            measure(f"shapes {shapes or 'default'}"[:42], ["softmax"], [], copy)
+        four = ((4, 2), (4, 4), (4, 8), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8))
+        for shapes, smt in ((None, None), (None, 128), (None, 64), (four, 128), (four, 64),
+                            (None, 512), (None, None)):
+            variant(shapes=shapes, smt=smt)
+            measure(f"softmax {'4-lane' if shapes else 'default'} threads={smt or BASE_SMT}",
+                    ["softmax"], [], copy)
     variant()
 
 

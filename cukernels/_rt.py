@@ -42,6 +42,11 @@ DENSE_BLOCKS_PER_SM = 16
 GRID_BLOCKS_PER_SM = 32
 #: 16-byte packs per thread in the one-block-per-row feed-forward (sets its block size)
 FF_PACKS_PER_THREAD = 4
+#: rows of W in flight per thread in hidden_gradient_partial: the -DCK_COL_UNROLL it is built
+#: with (slices are cut to multiples of it)
+COL_UNROLL = 16
+#: threads per block of the softmax kernels whose rows take G <= 32 threads
+SOFTMAX_GROUP_THREADS = 256
 
 
 def _registry() -> dict[str, tuple[str, ...]]:

@@ -110,8 +110,9 @@ def _softmax_launch(kind, arrays, out):
     else:
         g, pt = shape
         k = _rt.kernel("softmax.cu", f"{kind}<{c},{g},{pt},{v}>")
-        if g <= 32:   # 256 threads: 256/g rows a block
-            k((-(-rows * g // 256),), (256,), args)
+        if g <= 32:   # SOFTMAX_GROUP_THREADS threads: that many/g rows a block
+            nt = _rt.SOFTMAX_GROUP_THREADS
+            k((-(-rows * g // nt),), (nt,), args)
         else:         # one block of g threads a row
             k((rows,), (g,), args)
     return result
