@@ -30,7 +30,7 @@ def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None, smt=None, col
     _rt.GRID_BLOCKS_PER_SM = grid or BASE_GRID
     _rt.FF_PACKS_PER_THREAD = ff or BASE_FF
     _rt.SOFTMAX_GROUP_THREADS = smt or BASE_SMT
-    _rt.COL_UNROLL = col or 16
+    _rt.COL_UNROLL = col or 32
     if col:
         _rt.COMPILE_OPTIONS += (f"-DCK_COL_UNROLL={col}",)
     _rt.rebuild_registry()
@@ -70,7 +70,7 @@ def main(argv=None):
         for blocks, col in ((None, None), (8, None), (32, None), (None, 8), (None, 32), (16, 24),
                             (None, None)):
             variant(blocks=blocks, col=col)
-            measure(f"hidden: blocks/SM={blocks or BASE_BLOCKS} col_unroll={col or 16}",
+            measure(f"hidden: blocks/SM={blocks or BASE_BLOCKS} col_unroll={col or 32}",
                     ["dense"], names, copy)
     if "softmax" in parts:
         four = ((4, 2), (4, 4), (4, 8), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8))

@@ -44,7 +44,7 @@ GRID_BLOCKS_PER_SM = 32
 FF_PACKS_PER_THREAD = 4
 #: rows of W in flight per thread in hidden_gradient_partial: the -DCK_COL_UNROLL it is built
 #: with (slices are cut to multiples of it)
-COL_UNROLL = 16
+COL_UNROLL = 32
 #: threads per block of the softmax kernels whose rows take G <= 32 threads
 SOFTMAX_GROUP_THREADS = 256
 

@@ -27,7 +27,7 @@
 #define CK_GEMV_UNROLL 4   // 16-byte packs of a row in flight per thread (feed-forward)
 #endif
 #ifndef CK_COL_UNROLL
-#define CK_COL_UNROLL 16   // rows of W in flight per thread (hidden gradient)
+#define CK_COL_UNROLL 32   // rows of W in flight per thread (hidden gradient); = _rt.COL_UNROLL
 #endif
 
 // Row and column of flat index k of a row-major matrix with rows of L elements, from a
