@@ -23,12 +23,17 @@ BASE_FF = _rt.FF_PACKS_PER_THREAD
 BASE_SMT = _rt.SOFTMAX_GROUP_THREADS
 
 
-def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None, smt=None, col=None):
+BASE_EWT, BASE_EWP = _rt.EW_THREADS, _rt.EW_PACKS_PER_THREAD
+
+
+def variant(opts=(), shapes=None, blocks=None, grid=None, ff=None, smt=None, col=None, ewt=None,
+            ewp=None):
     _rt.COMPILE_OPTIONS = BASE_OPTIONS + tuple(opts)
     _rt.SOFTMAX_SHAPES = shapes or BASE_SHAPES
     _rt.DENSE_BLOCKS_PER_SM = blocks or BASE_BLOCKS
     _rt.GRID_BLOCKS_PER_SM = grid or BASE_GRID
     _rt.FF_PACKS_PER_THREAD = ff or BASE_FF
+    _rt.EW_THREADS, _rt.EW_PACKS_PER_THREAD = ewt or BASE_EWT, ewp or BASE_EWP
     _rt.SOFTMAX_GROUP_THREADS = smt or BASE_SMT
     _rt.COL_UNROLL = col or 32
     if col:
@@ -53,7 +58,7 @@ def measure(label, groups, names, copy, repeat=40):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="ew,dense,softmax")
+    ap.add_argument("--part", default="ew,adam,dense,softmax")
     parts = ap.parse_args(argv).part.split(",")
     copy = suite.copy_bandwidth_gbs()
     print(f"copy bandwidth {copy:.0f} GB/s")
@@ -65,6 +70,12 @@ def main(argv=None):
             variant(opts, grid=grid)
             measure(f"{' '.join(opts) or 'default'} grid/SM={grid or BASE_GRID}",
                     ["elementwise", "update"], names, copy)
+    if "adam" in parts:
+        for opts, ewt, ewp in (([], None, None), ([], 512, None), ([], 128, None), ([], None, 2),
+                               (["-DCK_STREAM=1"], None, None), ([], 1024, None), ([], None, None)):
+            variant(opts, ewt=ewt, ewp=ewp)
+            measure(f"{' '.join(opts) or 'default'} threads={ewt or BASE_EWT} packs={ewp or BASE_EWP}",
+                    ["update"], ["adam_update", "sgd_update"], copy, repeat=60)
     if "dense" in parts:
         names = ["calc_hidden_gradient B=1"]
         for blocks, col in ((None, None), (8, None), (32, None), (None, 8), (None, 32), (16, 24),

@@ -40,6 +40,10 @@ DENSE_BLOCKS_PER_SM = 16
 #: cap of the grid-stride grids of the flat dense kernels, in blocks of 256 threads per SM
 #: (the elementwise and update kernels run uncapped: one 16-byte pack per thread was fastest)
 GRID_BLOCKS_PER_SM = 32
+#: launch shape of the elementwise and update kernels: threads per block, and 16-byte packs
+#: per thread (<= CK_UNROLL packs are in flight per thread)
+EW_THREADS = 256
+EW_PACKS_PER_THREAD = 1
 #: 16-byte packs per thread in the one-block-per-row feed-forward (sets its block size)
 FF_PACKS_PER_THREAD = 4
 #: rows of W in flight per thread in hidden_gradient_partial: the -DCK_COL_UNROLL it is built
@@ -154,6 +158,10 @@ def grid_for(work: int, threads: int = 256, capped: bool = True) -> int:
     return max(1, min(blocks, cap))
 
 
+def _ew_grid(work):
+    return grid_for(-(-work // EW_PACKS_PER_THREAD), EW_THREADS, capped=False)
+
+
 def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):
     """Launch an (in0, in1, in2, out, n, a, b, code, vec) kernel of activations/losses.cu."""
     t = out.dtype.type
@@ -161,7 +169,7 @@ def launch_elementwise(filename, name, inputs, out, a=0.0, b=0.0, code=0):
     vec = aligned16(*inputs, out)
     n = out.size
     work = n // (16 // out.itemsize) if vec else n
-    kernel(filename, name)((grid_for(work, capped=False),), (256,),
+    kernel(filename, name)((_ew_grid(work),), (EW_THREADS,),
                            (*ins, out, np.int64(n), t(a), t(b), np.int32(code), np.int32(vec)))
     return out
 
@@ -176,7 +184,7 @@ def launch_update(name, variant, D, w, s1, s2, batch, lr, beta1, beta2, l1, l2, 
     n = w.size
     work = n // (16 // w.itemsize) if vec else n
     k = kernel("optim.cu", f"{name}<{ctype(w.dtype)},{_BOOL[variant == 'book']}>")
-    k((grid_for(work, capped=False),), (256,),
+    k((_ew_grid(work),), (EW_THREADS,),
       (D, w, s1, s2, np.int64(n), t(batch), t(lr), t(beta1), t(beta2), t(l1), t(l2), t(eps),
        t(c1), t(c2), np.int32(vec)))
 

@@ -139,7 +139,7 @@ def main(argv=None) -> int:
             if sel:
                 cmd += ["-k", sel]
             start = os.path.getsize(log) if os.path.exists(log) else 0
-            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=420)
+            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=160)
             with open(log) as f:
                 f.seek(start)
                 text = f.read()
