@@ -265,9 +265,13 @@ def check_same(ref_name, ref, **others):
                         shape=ref.shape, shape_of=ref_name)
 
 
+_REAL_TYPES = (float, int, np.float32, np.float64)
+
+
 def real(name, x, dtype, *, min_value=None, allow_equal=True):
     """A finite real scalar, wrapped in the array's dtype (CuPy would pass a bare float as double)."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+    if type(x) not in _REAL_TYPES and (isinstance(x, (bool, np.bool_))
+                                       or not isinstance(x, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
     if not math.isfinite(float(x)):
         raise ValueError(f"{name} must be finite, got {x}")

@@ -169,3 +169,34 @@ def test_package_imports_and_runs_without_cupy():
             "assert abs(y.sum() - 2.0) < 1e-12\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------- properties (hypothesis)
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 40)),
+              elements=st.floats(-1e4, 1e4)), st.floats(-1e3, 1e3))
+def test_softmax_rows_sum_to_one_and_ignore_a_shift(x, shift):
+    y = ck.softmax_activation(x)
+    assert np.isfinite(y).all() and (y >= 0).all()
+    np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(ck.softmax_activation(x + shift), y, atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float32, st.integers(1, 64), elements=st.floats(-10, 10, width=32)),
+       st.integers(1, 16))
+def test_updates_zero_the_accumulator_and_keep_shapes(d, batch):
+    w, m, v = np.ones_like(d), np.zeros_like(d), np.zeros_like(d)
+    D = d.copy()
+    ck.adam_update(D, w, m, v, batch, t=1)
+    assert not D.any() and np.isfinite(w).all()
+    # with D = d*batch, Adam's first step moves each weight by lr*sign(d) (up to eps)
+    D2, w2, m2, v2 = d * batch, np.ones_like(d), np.zeros_like(d), np.zeros_like(d)
+    ck.adam_update(D2, w2, m2, v2, batch, 0.01, t=1)
+    big = np.abs(d) > 1e-3
+    np.testing.assert_allclose((w2 - 1)[big], 0.01 * np.sign(d[big]), rtol=1e-3)

@@ -151,6 +151,17 @@ def main(argv=None) -> int:
             lines.append(f"| {tool} | {tests} ({secs:.0f} s) | {'; '.join(summ[-2:]) or 'none printed'} | {rc} |")
             if os.path.exists(xml):
                 os.remove(xml)
+        # the sanitizer must see a planted out-of-bounds write, or its zeros prove nothing
+        start = os.path.getsize(log)
+        rc, _ = sh(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", py,
+                    "tools/planted_oob.py"], log, timeout=120)
+        with open(log) as f:
+            f.seek(start)
+            seen = re.findall(r"ERROR SUMMARY: (\d+) error", f.read())
+        caught = rc == 99 and seen and int(seen[-1]) > 0
+        lines += ["", f"Control: a planted out-of-bounds write (tools/planted_oob.py) under memcheck "
+                  f"{'was reported' if caught else 'was NOT reported: the runs above prove nothing'} "
+                  f"({seen[-1] if seen else 'no'} errors, exit {rc})."]
         write(out, "sanitizer", lines)
 
     if "bench" not in skip:
