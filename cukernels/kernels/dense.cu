@@ -163,43 +163,57 @@ __global__ void hidden_gradient_finish(const T* part, const T* outs, T* gi, int 
     }
 }
 
-// Flat over the N*(I + 1) elements of dW (contiguous): 16-byte packs when vec != 0, the row
-// and column of each element from flat_row_col. For each element the batch is summed in order.
-template <typename T>
-__device__ __forceinline__ T delta_term(const T* x, const T* g, int B, int N, int I, long long n,
-                                        long long j, T acc) {
-    for (int b = 0; b < B; ++b)
-        acc += (j < I ? x[(long long)b * I + j] : T(1)) * g[(long long)b * N + n];
-    return acc;
-}
-
-template <typename T>
-__global__ void calc_delta_weights(const T* x, T* dW, const T* g, int B, int N, int I,
-                                   double inv_L, int vec) {
+// Flat pass over the N*(I + 1) elements of one or two W-shaped arrays (contiguous, in place):
+// 16-byte packs when vec != 0, the row n and column j of each element from flat_row_col;
+// op(n, j, a, b) updates the element a (and b of the second array, when TWO).
+template <typename T, bool TWO, class Op>
+__device__ __forceinline__ void flat_map(T* A, T* Bm, int N, int I, double inv_L, int vec,
+                                         const Op& op) {
     const int V = Pack16<T>::N;
     const long long L = I + 1, total = (long long)N * L, S = ck_stride();
     long long head = 0;
     if (vec) {
         const long long packs = total / V;
         for (long long c = ck_tid(); c < packs; c += S) {
-            T d[V];
-            load16(dW + c * V, d);
+            T a[V], b[V];
+            load16(A + c * V, a);
+            if (TWO) load16(Bm + c * V, b);
             long long n, j;
             flat_row_col(c * V, L, inv_L, n, j);
 #pragma unroll
             for (int v = 0; v < V; ++v) {
-                d[v] = delta_term(x, g, B, N, I, n, j, d[v]);
+                op(n, j, a[v], b[v]);
                 if (++j == L) { j = 0; ++n; }
             }
-            store16(dW + c * V, d);
+            store16(A + c * V, a);
+            if (TWO) store16(Bm + c * V, b);
         }
         head = packs * V;
     }
     for (long long k = head + ck_tid(); k < total; k += S) {
         long long n, j;
         flat_row_col(k, L, inv_L, n, j);
-        dW[k] = delta_term(x, g, B, N, I, n, j, dW[k]);
+        T a = A[k], b = TWO ? Bm[k] : T(0);
+        op(n, j, a, b);
+        A[k] = a;
+        if (TWO) Bm[k] = b;
     }
+}
+
+// dW[n, j] += sum_b [x, 1][b, j]*g[b, n], the batch summed in order.
+template <typename T> struct DeltaOp {
+    const T *x, *g;
+    int B, N, I;
+    __device__ void operator()(long long n, long long j, T& acc, T&) const {
+        for (int b = 0; b < B; ++b)
+            acc += (j < I ? x[(long long)b * I + j] : T(1)) * g[(long long)b * N + n];
+    }
+};
+
+template <typename T>
+__global__ void calc_delta_weights(const T* x, T* dW, const T* g, int B, int N, int I,
+                                   double inv_L, int vec) {
+    flat_map<T, false>(dW, dW, N, I, inv_L, vec, DeltaOp<T>{x, g, B, N, I});
 }
 
 template <typename T>
@@ -211,45 +225,21 @@ __global__ void delta_bias(T* dW, const T* g, int B, int N, int I) {
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void article_term(const T* g, const T* x, int B, int N, int I, long long n,
-                                             long long j, T lr, T momentum, T& w, T& d) {
-    for (int b = 0; b < B; ++b) {
-        d = lr * g[(long long)b * N + n] * (j < I ? x[(long long)b * I + j] : T(1)) + momentum * d;
-        w += d;
+// The article's momentum step, B samples in a row: u = lr*g*[x, 1] + momentum*u; w += u.
+template <typename T> struct ArticleOp {
+    const T *g, *x;
+    int B, N, I;
+    T lr, momentum;
+    __device__ void operator()(long long n, long long j, T& w, T& d) const {
+        for (int b = 0; b < B; ++b) {
+            d = lr * g[(long long)b * N + n] * (j < I ? x[(long long)b * I + j] : T(1)) + momentum * d;
+            w += d;
+        }
     }
-}
+};
 
 template <typename T>
 __global__ void article_update_weights(T* W, const T* g, const T* x, T* dW, int B, int N, int I,
                                        T lr, T momentum, double inv_L, int vec) {
-    const int V = Pack16<T>::N;
-    const long long L = I + 1, total = (long long)N * L, S = ck_stride();
-    long long head = 0;
-    if (vec) {
-        const long long packs = total / V;
-        for (long long c = ck_tid(); c < packs; c += S) {
-            T w[V], d[V];
-            load16(W + c * V, w);
-            load16(dW + c * V, d);
-            long long n, j;
-            flat_row_col(c * V, L, inv_L, n, j);
-#pragma unroll
-            for (int v = 0; v < V; ++v) {
-                article_term(g, x, B, N, I, n, j, lr, momentum, w[v], d[v]);
-                if (++j == L) { j = 0; ++n; }
-            }
-            store16(W + c * V, w);
-            store16(dW + c * V, d);
-        }
-        head = packs * V;
-    }
-    for (long long k = head + ck_tid(); k < total; k += S) {
-        long long n, j;
-        flat_row_col(k, L, inv_L, n, j);
-        T w = W[k], d = dW[k];
-        article_term(g, x, B, N, I, n, j, lr, momentum, w, d);
-        W[k] = w;
-        dW[k] = d;
-    }
+    flat_map<T, true>(W, dW, N, I, inv_L, vec, ArticleOp<T>{g, x, B, N, I, lr, momentum});
 }
