@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cukernels as ck
-from cases import BY_NAME, ELEMENTWISE, UPDATES, dense_args
+from cases import ELEMENTWISE, UPDATES, dense_args
 
 
 @pytest.mark.parametrize("case", ELEMENTWISE + UPDATES, ids=lambda c: c.name)

@@ -5,7 +5,6 @@ import pytest
 
 import book_transcription as book
 import cukernels as ck
-from cukernels import oracle
 
 BOOK_SCALARS = {
     "sgd": dict(batch_size=3, learningRate=0.01, Lambda1=0.001, Lambda2=0.01),
