@@ -7,6 +7,8 @@ float32 or float64, any shape, C-contiguous. The result is a new array, or `out`
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import _rt, oracle
 
 _ANY = None  # any number of dimensions
@@ -104,7 +106,7 @@ def _softmax_launch(kind, arrays, out):
     pack = 16 // ref.itemsize
     v = pack if cols % pack == 0 and _rt.aligned16(*arrays.values(), result) else 1
     shape = next(((g, pt) for g, pt in _rt.SOFTMAX_SHAPES if cols <= g * pt * v), None)
-    args = (*arrays.values(), result, _rt.np.int64(rows), _rt.np.int32(cols))
+    args = (*arrays.values(), result, np.int64(rows), np.int32(cols))
     if shape is None:
         _rt.kernel("softmax.cu", f"{kind}_long<{c}>")((rows,), (_rt.LONG_ROW_THREADS,), args)
     else:

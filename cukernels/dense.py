@@ -85,8 +85,8 @@ def hidden_gradient_gpu(W, g, outs, act):
         return _unbatch(gi, g)
     col_blocks = -(-i // 256)
     slices = max(1, min(-(-n // 32), -(-_rt.DENSE_BLOCKS_PER_SM * _rt.sm_count() // col_blocks)))
-    u = _rt.COL_UNROLL
-    rows = -(-(-(-n // slices)) // u) * u      # a multiple of the kernel's unroll
+    per_slice = -(-n // slices)
+    rows = -(-per_slice // _rt.COL_UNROLL) * _rt.COL_UNROLL   # a multiple of the kernel's unroll
     slices = -(-n // rows)
     part = gi if slices == 1 else cp.empty((slices, b, i), dtype=W.dtype)
     _rt.kernel("dense.cu", f"hidden_gradient_partial<{c}>")(
