@@ -206,6 +206,46 @@ def gpu_time_us(fn, n_repeat=30, n_warmup=5):
     return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in zip(start, end)])) * 1e3
 
 
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+
+
+def held_times_us(fn, n_repeat=20, n_warmup=3):
+    """(host us, device us) per call of a short fn, with the host's issue time hidden.
+
+    A spin kernel holds the GPU while the host queues all n_repeat calls, so the events
+    around them measure the device's back-to-back time alone, and the wall clock around
+    the queueing measures the host's issue time alone. Valid while one run's launches fit
+    in the launch queue (a few per call, n_repeat small).
+    """
+    import time
+    cp = _cp()
+    for _ in range(n_warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    spin = cp.RawKernel(_SPIN_SOURCE, "spin")
+    clock_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"]
+    t0 = time.perf_counter()
+    fn()
+    cp.cuda.Device().synchronize()
+    guess_us = (time.perf_counter() - t0) * 1e6
+    spin_us = 2000 + 3 * n_repeat * guess_us
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    spin((1,), (1,), (np.int64(spin_us * clock_khz / 1e3),))
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(n_repeat):
+        fn()
+    end.record()
+    host = (time.perf_counter() - t0) / n_repeat * 1e6
+    end.synchronize()
+    return host, cp.cuda.get_elapsed_time(start, end) * 1e3 / n_repeat
+
+
 def host_time_us(fn, n_repeat=200, n_warmup=10):
     """Host time of one call of fn (wall clock over back-to-back calls, one sync at the end)."""
     import time

@@ -38,3 +38,29 @@ def test_benchmark(benchmark, case, impl, fn):
 
     timed()
     benchmark.pedantic(timed, rounds=20, warmup_rounds=2)
+
+
+def _gru_cases():
+    if not _rt.gpu_available():
+        return []
+    import cupy as cp
+
+    from bench import gru, suite
+    torch = suite._torch()
+    out = []
+    for sid, (T, B, I, H, bi) in gru.SHAPES.items():
+        p = gru.make_problem(T, B, I, H, bi)
+        calls = {f"{label} {kind}": fn for label, settings in gru.OURS.items()
+                 for kind, fn in zip(("train", "infer"), gru.ours_calls(p, cp, settings))}
+        if torch is not None:
+            for label, tf32 in (("cuDNN strict", False), ("cuDNN TF32", True)):
+                calls.update({f"{label} {kind}": fn for kind, fn in
+                              zip(("train", "infer"), gru.torch_gru_calls(torch, p, "cuda", tf32))})
+        out += [pytest.param(f"GRU {sid}", label, fn, id=f"gru-{sid}-{label}")
+                for label, fn in calls.items()]
+    return out
+
+
+@pytest.mark.parametrize("case,impl,fn", _gru_cases())
+def test_gru_benchmark(benchmark, case, impl, fn):
+    test_benchmark(benchmark, case, impl, fn)

@@ -1,5 +1,14 @@
-"""cugru: a GRU training operator (forward and backward with saved history) on CuPy.
+"""cugru: a GRU training operator with saved forward history, on CuPy and numpy.
 
-Empty for now: the operator is built on cukernels' runtime in a later release.
+    y, h_n, saved = gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional=False)
+    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = gru_backward(dy, dh_n, saved)
+
+torch.nn.GRU's maths and weight layout (gate blocks r | z | n). numpy arrays run the numpy
+oracle (cugru.oracle, the CPU fallback); cupy arrays run the kernels of kernels/gru.cu.
+Layers stack by calling again on y. See docs/api.md.
 """
-__all__: list[str] = []
+from . import oracle
+from ._args import GruSaved
+from .gru import gru_backward, gru_forward
+
+__all__ = ["gru_forward", "gru_backward", "GruSaved", "oracle"]

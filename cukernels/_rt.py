@@ -15,6 +15,8 @@ import pathlib
 import numpy as np
 
 KERNEL_DIR = pathlib.Path(__file__).with_name("kernels")
+#: cugru's sources live in its own package (cugru uses this runtime; nothing imports upwards)
+GRU_KERNEL_DIR = pathlib.Path(__file__).parents[1] / "cugru" / "kernels"
 HEADER = "common.cuh"
 COMPILE_OPTIONS = ("--std=c++17",)  # CuPy adds -ftz=true and the -arch of the device itself
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -69,10 +71,14 @@ def _registry() -> dict[str, tuple[str, ...]]:
         "optim.cu": tuple(f"{k}<{c},{b}>" for k in UPDATE_KERNELS for c in t for b in _BOOL),
         "softmax.cu": tuple(softmax),
         "dense.cu": tuple(f"{k}<{c}>" for k in DENSE_KERNELS for c in t),
+        "gru.cu": tuple([f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
+                        + [f"gru_backward_step<{c}>" for c in t]),
     }
 
 
 REGISTRY = _registry()
+#: the folder of each registered source (cukernels' own unless listed)
+SOURCE_DIRS = {"gru.cu": GRU_KERNEL_DIR}
 
 
 def ctype(dtype) -> str:
@@ -81,7 +87,7 @@ def ctype(dtype) -> str:
 
 def load_source(filename: str) -> str:
     """The source text with the common header pasted in place of its #include line."""
-    text = (KERNEL_DIR / filename).read_text()
+    text = (SOURCE_DIRS.get(filename, KERNEL_DIR) / filename).read_text()
     header = (KERNEL_DIR / HEADER).read_text()
     include = f'#include "{HEADER}"'
     if include not in text:
@@ -210,6 +216,93 @@ def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ld
              C.data.ptr, int(ldc))
     finally:
         cublas.setPointerMode(handle, mode)
+
+
+class StepLoop:
+    """Cheap repeated calls for a per-step loop: strided-batched cuBLAS GEMMs and launches
+    of one kernel whose arguments change only in one int (the step).
+
+    Use as a context manager around the loop: it sets cuBLAS' pointer mode to host once (and
+    restores it after), keeps alpha and beta in host arrays, and packs each kernel's
+    arguments once, so a step costs one cuLaunchKernel and one cuBLAS call, with none of
+    CuPy's per-call argument processing. Pointers are plain ints (array.data.ptr plus byte
+    offsets); the caller keeps the arrays alive for the loop. ``plain=True`` launches through
+    CuPy's RawKernel call instead (a reference for the host-time benchmark).
+    """
+
+    def __init__(self, dtype, *, plain=False):
+        import ctypes
+        cp = cupy_module()
+        from cupy_backends.cuda.libs import cublas
+        self._ctypes = ctypes
+        self._cublas = cublas
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.plain = plain
+        self._gemm = (cublas.sgemmStridedBatched if self.dtype == np.float32
+                      else cublas.dgemmStridedBatched)
+        self._scalars = {v: np.array(v, dtype=self.dtype) for v in (0.0, 1.0)}
+        self.handle = cp.cuda.device.get_cublas_handle()
+        self.stream = cp.cuda.get_current_stream().ptr
+        self._launch_kernel = cp.cuda.driver.launchKernel
+        self._mode = None
+
+    def __enter__(self):
+        self._mode = self._cublas.getPointerMode(self.handle)
+        self._cublas.setPointerMode(self.handle, self._cublas.CUBLAS_POINTER_MODE_HOST)
+        return self
+
+    def __exit__(self, *exc):
+        self._cublas.setPointerMode(self.handle, self._mode)
+        return False
+
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+        """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
+        addresses (ints), strides in elements."""
+        cb = self._cublas
+        self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+                   cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
+                   self._scalars[1.0].ctypes.data, A, lda, sA, B, ldb, sB,
+                   self._scalars[float(beta)].ctypes.data, C, ldc, sC, batch)
+
+    def kernel(self, func, grid, block, args, step_arg):
+        """A callable launch(step) of `func` with `args` (cupy arrays and numpy int32/int64/
+        float32/float64 scalars); args[step_arg] is an int32 replaced by the step."""
+        cp = cupy_module()
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        if self.plain:
+            args = list(args)
+
+            def launch(step):
+                args[step_arg] = np.int32(step)
+                func(grid, block, tuple(args))
+            return launch
+        ct = self._ctypes
+        convert = {np.int32: ct.c_int32, np.int64: ct.c_int64, np.float32: ct.c_float,
+                   np.float64: ct.c_double}
+        values = []
+        for a in args:
+            if isinstance(a, cp.ndarray):
+                values.append(ct.c_void_p(a.data.ptr))
+            elif type(a) in convert:
+                values.append(convert[type(a)](a.item()))
+            else:
+                raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
+        if type(values[step_arg]) is not ct.c_int32:
+            raise TypeError("the step argument must be an int32")
+        params = (ct.c_void_p * len(values))(*[ct.addressof(v) for v in values])
+        # a RawKernel holds its CUfunction in .kernel (a cupy.cuda.Function, with .ptr)
+        step, fptr, stream, launch_kernel = values[step_arg], func.kernel.ptr, self.stream, \
+            self._launch_kernel
+        address = ct.addressof(params)
+        keep = (values, params, args)
+
+        def launch(step_value, _keep=keep):
+            step.value = step_value
+            launch_kernel(fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
+                          stream, address, 0)
+        return launch
 
 
 # ---------------------------------------------------------------------- argument checks

@@ -65,3 +65,22 @@ def rng(request):
 def cp():
     import cupy
     return cupy
+
+
+@pytest.fixture
+def poison(cp, monkeypatch):
+    """cupy.empty / empty_like return NaN-filled arrays, so an unwritten element fails a test."""
+    empty, empty_like = cp.empty, cp.empty_like
+
+    def nan_empty(*a, **k):
+        out = empty(*a, **k)
+        out.fill(np.nan)
+        return out
+
+    def nan_empty_like(*a, **k):
+        out = empty_like(*a, **k)
+        out.fill(np.nan)
+        return out
+
+    monkeypatch.setattr(cp, "empty", nan_empty)
+    monkeypatch.setattr(cp, "empty_like", nan_empty_like)

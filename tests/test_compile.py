@@ -44,5 +44,5 @@ def test_header_is_inlined_and_every_source_includes_it():
         assert '#include "common.cuh"' not in text
         assert "ew_map" in text  # a definition from the header
     # every .cu file on disk is registered (nothing escapes the compile check)
-    on_disk = {p.name for p in _rt.KERNEL_DIR.glob("*.cu")}
+    on_disk = {p.name for d in (_rt.KERNEL_DIR, _rt.GRU_KERNEL_DIR) for p in d.glob("*.cu")}
     assert on_disk == set(_rt.REGISTRY)

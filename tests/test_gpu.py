@@ -21,25 +21,6 @@ SIZES = [5, 1001] if QUICK else [1, 3, 5, 33, 257, 1001, 4099]
 FLOOR = {np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-13}
 
 
-@pytest.fixture
-def poison(cp, monkeypatch):
-    """cupy.empty / empty_like return NaN-filled arrays, so an unwritten element fails a test."""
-    empty, empty_like = cp.empty, cp.empty_like
-
-    def nan_empty(*a, **k):
-        out = empty(*a, **k)
-        out.fill(np.nan)
-        return out
-
-    def nan_empty_like(*a, **k):
-        out = empty_like(*a, **k)
-        out.fill(np.nan)
-        return out
-
-    monkeypatch.setattr(cp, "empty", nan_empty)
-    monkeypatch.setattr(cp, "empty_like", nan_empty_like)
-
-
 def rel_err(a, ref):
     a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
     assert a.shape == ref.shape

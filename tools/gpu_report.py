@@ -4,12 +4,13 @@
   2. the GPU tests again under compute-sanitizer memcheck, racecheck and initcheck
      (a smaller grid of sizes, CuPy's memory pool off so that every array is its own
      allocation),
-  3. the benchmarks (bench/run.py) and the main job (cukernels.demo, GPU and CPU),
+  3. the benchmarks (bench/run.py), the GRU benchmark against cuDNN (bench/gru.py) and the
+     main job (cukernels.demo, GPU and CPU),
 
 and writes OUTDIR/gpu-report.md (copy it to docs/gpu-report.md) with the commit, the GPU,
 the test counts, the sanitizer's findings and the benchmark table. Logs go to OUTDIR too.
 
-    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,demo]
+    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,demo]
     python tools/gpu_report.py OUTDIR --assemble DIR [DIR ...]
 
 Each phase writes OUTDIR/section-<phase>.md; gpu-report.md is assembled from the sections in
@@ -31,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SANITIZER_TOOLS = {
     # tool: (pytest -k selection, extra sanitizer flags)
     "memcheck": ("", []),
-    "racecheck": ("softmax or dense or article or repeatable", ["--racecheck-report", "all"]),
+    "racecheck": ("softmax or dense or article or repeatable or gru", ["--racecheck-report", "all"]),
     "initcheck": ("", []),
 }
 
@@ -126,19 +127,20 @@ def main(argv=None) -> int:
 
     if "sanitizer" not in skip:
         lines = ["## compute-sanitizer", "",
-                  "GPU tests (`CK_QUICK=1`: sizes 5 and 1001, fewer shapes; CuPy's pool off) "
-                  "under each tool.", "",
+                  "GPU tests of tests/test_gpu.py and tests/test_gru_gpu.py (`CK_QUICK=1`: "
+                  "sizes 5 and 1001, fewer and shorter GRU shapes; CuPy's pool off; not the "
+                  "cuDNN comparison) under each tool.", "",
                   "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
         log = os.path.join(out, "sanitizer-log.txt")
         for tool, (sel, flags) in SANITIZER_TOOLS.items():
             xml = os.path.join(out, f"san-{tool}.xml")
             cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
-                   py, "-m", "pytest", "tests/test_gpu.py", "-q", "-p", "no:cacheprovider",
-                   "-m", "gpu and not slow", f"--junitxml={xml}"]
-            if sel:
-                cmd += ["-k", sel]
+                   py, "-m", "pytest", "tests/test_gpu.py", "tests/test_gru_gpu.py", "-q",
+                   "-p", "no:cacheprovider", "-m", "gpu and not slow", f"--junitxml={xml}",
+                   # cuDNN's own kernels are not ours to check
+                   "-k", f"({sel}) and not cudnn" if sel else "not cudnn"]
             start = os.path.getsize(log) if os.path.exists(log) else 0
-            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=160)
+            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=300)
             with open(log) as f:
                 f.seek(start)
                 text = f.read()
@@ -173,6 +175,17 @@ def main(argv=None) -> int:
             os.remove(md)
         write(out, "bench", lines)
 
+    if "gru" not in skip:
+        rc, secs = sh([py, "-m", "bench.gru", "--out", out], os.path.join(out, "gru-log.txt"),
+                      timeout=900)
+        lines = ["## GRU benchmark (bench/gru.py: S1-S10 against cuDNN)", ""]
+        md = os.path.join(out, "gru-bench.md")
+        lines.append(open(md).read() if os.path.exists(md)
+                     else f"GRU benchmark failed (exit {rc}); see gru-log.txt")
+        if os.path.exists(md):
+            os.remove(md)
+        write(out, "gru", lines)
+
     if "demo" not in skip:
         log = os.path.join(out, "demo-log.txt")
         lines = ["## Main job (`python -m cukernels.demo`, digits, 30 epochs, Adam)", ""]
@@ -186,7 +199,7 @@ def main(argv=None) -> int:
     return assemble(out)
 
 
-PHASES = ("tests", "sanitizer", "bench", "demo")
+PHASES = ("tests", "sanitizer", "bench", "gru", "demo")
 
 
 def write(out, phase, lines):

@@ -1,0 +1,415 @@
+"""The GRU benchmark: shapes S1-S10, ours against cuDNN (through torch) in the same run.
+
+    python -m bench.gru [--shapes S1,S3] [--out DIR] [--repeat N] [--no-cpu]
+
+For each shape, float32, a train step (forward + backward with a given dy, no dh_n) and a
+forward-only inference pass, timed for
+  - ours: every entry of OURS (the per-step path; a faster path joins as one more entry),
+  - cuDNN FP32 strict (torch.backends.cudnn.allow_tf32 = False) and cuDNN with TF32 (torch's
+    default), through torch.nn.GRU,
+  - the naive per-step loop of torch ops with autograd (unidirectional shapes only).
+Device times are medians of CUDA-event intervals around back-to-back calls (bench.suite).
+Ratios are baseline time / our time: above 1, ours is faster. Also reported: our host time
+per step (the Python issuing one step's launches, GPU idle at the start, no sync), where the
+per-step GPU time goes (one recurrent GEMM and one pointwise kernel each way, timed alone),
+the peak memory of a train step for S3 and S9, and the CPU fallback against torch's CPU GRU
+on S1 and S2. Writes DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import suite
+
+#: id -> (T, B, I, H, bidirectional), the spec's table
+SHAPES = {
+    "S1": (100, 64, 40, 64, False), "S2": (100, 64, 40, 128, False),
+    "S3": (100, 64, 40, 256, False), "S4": (100, 64, 40, 128, True),
+    "S5": (200, 32, 80, 256, True), "S6": (100, 1, 40, 256, False),
+    "S7": (500, 1, 64, 128, False), "S8": (100, 64, 512, 512, False),
+    "S9": (100, 64, 1024, 1024, False), "S10": (50, 256, 512, 512, True),
+}
+MEMORY_SHAPES = ("S3", "S9")
+CPU_SHAPES = ("S1", "S2")
+#: our implementations: label -> settings of cugru.gru (module attributes) while it runs
+OURS = {"ours": {"PLAIN_LAUNCH": False}}
+
+
+def make_problem(T, B, I, H, bi, seed=0):
+    rng = np.random.default_rng(seed)
+    D, k = (2 if bi else 1), 1 / math.sqrt(H)
+    u = lambda *s: rng.uniform(-k, k, s).astype(np.float32)  # noqa: E731
+    return dict(x=rng.standard_normal((T, B, I)).astype(np.float32),
+                h0=rng.standard_normal((D, B, H)).astype(np.float32),
+                w_ih=u(D, 3 * H, I), w_hh=u(D, 3 * H, H), b_ih=u(D, 3 * H), b_hh=u(D, 3 * H),
+                dy=rng.standard_normal((T, B, D * H)).astype(np.float32), bi=bi)
+
+
+class _Settings:
+    """Set cugru.gru's module attributes for a block, restoring them after."""
+
+    def __init__(self, **values):
+        from cugru import gru
+        self.mod, self.values = gru, values
+
+    def __enter__(self):
+        self.old = {k: getattr(self.mod, k) for k in self.values}
+        for k, v in self.values.items():
+            setattr(self.mod, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            setattr(self.mod, k, v)
+
+
+def ours_calls(p, xp, settings):
+    import cugru
+    a = {k: xp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+    w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
+
+    def train():
+        with _Settings(**settings):
+            y, hn, saved = cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"])
+            return cugru.gru_backward(a["dy"], None, saved)
+
+    def infer():
+        with _Settings(**settings):
+            return cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"], training=False)
+    return train, infer
+
+
+def torch_gru_calls(torch, p, device, tf32):
+    T, B, I = p["x"].shape
+    D, H3, H = p["w_hh"].shape
+    gru = torch.nn.GRU(I, H, bidirectional=p["bi"]).to(device=device, dtype=torch.float32)
+    sfx = ["", "_reverse"][:D]
+    t = lambda a: torch.tensor(a, device=device)  # noqa: E731
+    with torch.no_grad():
+        for name, key in (("weight_ih_l0", "w_ih"), ("weight_hh_l0", "w_hh"),
+                          ("bias_ih_l0", "b_ih"), ("bias_hh_l0", "b_hh")):
+            for d, s in enumerate(sfx):
+                getattr(gru, name + s).copy_(t(p[key][d]))
+    x, h0, dy = t(p["x"]).requires_grad_(), t(p["h0"]), t(p["dy"])
+
+    def with_mode(fn):
+        def run():
+            old = torch.backends.cudnn.allow_tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            try:
+                return fn()
+            finally:
+                torch.backends.cudnn.allow_tf32 = old
+        return run
+
+    def train():
+        y, hn = gru(x, h0)
+        torch.autograd.backward(y, dy)
+
+    def infer():
+        with torch.no_grad():
+            return gru(x, h0)
+    return with_mode(train), with_mode(infer)
+
+
+def naive_train_call(torch, p):
+    """The per-step torch loop (unidirectional): two linears and the gate ops per step."""
+    dev = "cuda"
+    t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
+    w_ih, w_hh = t(p["w_ih"][0]).requires_grad_(), t(p["w_hh"][0]).requires_grad_()
+    b_ih, b_hh = t(p["b_ih"][0]).requires_grad_(), t(p["b_hh"][0]).requires_grad_()
+    x, h0, dy = t(p["x"]).requires_grad_(), t(p["h0"][0]), t(p["dy"])
+    F = torch.nn.functional
+
+    def train():
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            h, outs = h0, []
+            for step in range(x.shape[0]):
+                gi = F.linear(x[step], w_ih, b_ih)
+                gh = F.linear(h, w_hh, b_hh)
+                ir, iz, i_n = gi.chunk(3, 1)
+                hr, hz, hn = gh.chunk(3, 1)
+                r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+                n = torch.tanh(i_n + r * hn)
+                h = (1 - z) * n + z * h
+                outs.append(h)
+            torch.autograd.backward(torch.stack(outs), dy)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    return train
+
+
+def host_us_per_step(fn, steps, repeat=5):
+    """Median wall time of issuing fn (GPU idle at the start, no sync inside) per step."""
+    import cupy as cp
+    fn()
+    times = []
+    for _ in range(repeat):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    cp.cuda.Device().synchronize()
+    return float(np.median(times)) / steps * 1e6
+
+
+def step_costs(p, repeat):
+    """Host and device time of each piece of one step, timed alone on the shape's buffers
+    (us; bench.suite.held_times_us: the device time excludes the host's issue time)."""
+    import cupy as cp
+
+    from cukernels import _rt
+    from cugru import gru
+    T, B, I = p["x"].shape
+    D, G, H = p["w_hh"].shape
+    f32, it = np.float32, 4
+    w_hh = cp.asarray(p["w_hh"])
+    hs = cp.asarray(np.random.default_rng(1).standard_normal((D, T + 1, B, H)).astype(f32))
+    gh, dh = cp.zeros((D, B, G), f32), cp.zeros((D, B, H), f32)
+    dgh = cp.zeros((D, T, B, G), f32)
+    gi, y = cp.zeros((T, B, D, G), f32), cp.zeros((T, B, D * H), f32)
+    gates, bias = cp.full((D, T, B, 4 * H), 0.5, f32), cp.zeros((D, G), f32)
+    dy = cp.zeros_like(y)
+    i32 = np.int32
+    out = {}
+    with _rt.StepLoop(f32) as loop:
+        fwd = loop.kernel(_rt.kernel("gru.cu", "gru_forward_step<float,true>"),
+                          gru._grid(B, H, D), (gru.THREADS,),
+                          (gi, gh, bias, bias, hs, y, gates, i32(T), i32(B), i32(H),
+                           i32(T + 1), i32(0)), step_arg=11)
+        bwd = loop.kernel(_rt.kernel("gru.cu", "gru_backward_step<float>"),
+                          gru._grid(B, H, D), (gru.THREADS,),
+                          (dy, gates, hs, dh, gi, dgh, i32(T), i32(B), i32(H), i32(0)),
+                          step_arg=9)
+        pieces = {
+            "recurrent GEMM (forward)": lambda: loop.gemm(
+                True, False, G, B, H, w_hh.data.ptr, H, G * H, hs.data.ptr, H,
+                (T + 1) * B * H, 0.0, gh.data.ptr, G, B * G, D),
+            "pointwise (forward)": lambda: fwd(1),
+            "pointwise (backward, S1)": lambda: bwd(1),
+            "recurrent GEMM (backward)": lambda: loop.gemm(
+                False, False, H, B, G, w_hh.data.ptr, H, G * H, dgh.data.ptr + B * G * it, G,
+                T * B * G, 1.0, dh.data.ptr, H, B * H, D),
+        }
+        for name, fn in pieces.items():
+            out[name] = suite.held_times_us(fn, n_repeat=repeat)
+    return out
+
+
+def peak_memory(p, torch):
+    """Bytes allocated beyond the inputs during one train step: ours (CuPy pool high-water
+    mark) and cuDNN's (torch.cuda.max_memory_allocated)."""
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    train, _ = ours_calls(p, cp, OURS["ours"])
+    cp.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    train()
+    cp.cuda.Device().synchronize()
+    ours = pool.total_bytes() - base
+    res = {"ours": ours}
+    if torch is not None:
+        t_train, _ = torch_gru_calls(torch, p, "cuda", False)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t_train()
+        torch.cuda.synchronize()
+        res["cuDNN"] = torch.cuda.max_memory_allocated() - base
+    return res
+
+
+def cpu_fallback(p, torch, repeat=3):
+    """The numpy train step against torch's CPU nn.GRU (float32), in ms."""
+    train, _ = ours_calls(p, np, {})
+    res = {"ours (numpy)": _wall_ms(train, repeat)}
+    if torch is not None:
+        t_train, _ = torch_gru_calls(torch, p, "cpu", False)
+        res["torch CPU"] = _wall_ms(t_train, repeat)
+    return res
+
+
+def _wall_ms(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def run(shape_ids, repeat, cpu=True):
+    import cupy as cp
+    torch = suite._torch()
+    rows = []
+    for sid in shape_ids:
+        T, B, I, H, bi = SHAPES[sid]
+        p = make_problem(T, B, I, H, bi)
+        row = {"id": sid, "shape": [T, B, I, H, bi], "train": {}, "infer": {}, "host": {}}
+        for label, settings in OURS.items():
+            train, infer = ours_calls(p, cp, settings)
+            row["train"][label] = suite.gpu_time_us(train, n_repeat=repeat) / 1e3
+            row["infer"][label] = suite.gpu_time_us(infer, n_repeat=repeat) / 1e3
+            row["host"][label] = host_us_per_step(train, T)
+        plain_train, _ = ours_calls(p, cp, {"PLAIN_LAUNCH": True})
+        row["host"]["ours, CuPy launch"] = host_us_per_step(plain_train, T)
+        if torch is not None:
+            for label, tf32 in (("cuDNN strict", False), ("cuDNN TF32", True)):
+                train, infer = torch_gru_calls(torch, p, "cuda", tf32)
+                row["train"][label] = suite.gpu_time_us(train, n_repeat=repeat) / 1e3
+                row["infer"][label] = suite.gpu_time_us(infer, n_repeat=repeat) / 1e3
+            if not bi:
+                row["train"]["naive torch loop"] = suite.gpu_time_us(
+                    naive_train_call(torch, p), n_repeat=max(5, repeat // 4)) / 1e3
+        row["steps"] = step_costs(p, repeat)
+        if sid in MEMORY_SHAPES:
+            row["memory"] = peak_memory(p, torch)
+        if cpu and sid in CPU_SHAPES:
+            row["cpu"] = cpu_fallback(p, torch)
+        rows.append(row)
+        print(f"  {sid}: {row['train']}", file=sys.stderr, flush=True)
+    return rows
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def ratios(rows, kind, ours, base):
+    return [r[kind][base] / r[kind][ours] if base in r[kind] else None for r in rows]
+
+
+def markdown(rows, device):
+    ours_labels = list(OURS)
+    bases = ["cuDNN strict", "cuDNN TF32", "naive torch loop"]
+    lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
+             "back-to-back calls. Ratio = baseline time / our time (> 1: ours is faster).", "",
+             "### Train step (forward + backward)", "",
+             "| id | T, B, I, H, bi | " + " | ".join(f"{o} (ms)" for o in ours_labels)
+             + " | " + " | ".join(f"{b} (ms), ratio" for b in bases) + " |",
+             "|---|---|" + "---|" * (len(ours_labels) + len(bases))]
+    for r in rows:
+        o = ours_labels[0]
+        cells = [f"{r['train'][x]:.3f}" for x in ours_labels]
+        cells += [f"{r['train'][b]:.3f}, {r['train'][b] / r['train'][o]:.2f}x" if b in r["train"]
+                  else "-" for b in bases]
+        lines.append(f"| {r['id']} | {', '.join(str(v) for v in r['shape'])} | "
+                     + " | ".join(cells) + " |")
+    for o in ours_labels:
+        lines.append(f"| geomean ({o}) | | | " + " | ".join(
+            f"{geomean(ratios(rows, 'train', o, b)):.2f}x" for b in bases) + " |")
+    lines += ["", "### Inference (forward only, no history kept)", "",
+              "| id | " + " | ".join(f"{o} (ms)" for o in ours_labels)
+              + " | cuDNN strict (ms), ratio | cuDNN TF32 (ms), ratio |",
+              "|---|" + "---|" * (len(ours_labels) + 2)]
+    for r in rows:
+        o = ours_labels[0]
+        cells = [f"{r['infer'][x]:.3f}" for x in ours_labels]
+        cells += [f"{r['infer'][b]:.3f}, {r['infer'][b] / r['infer'][o]:.2f}x"
+                  if b in r["infer"] else "-" for b in bases[:2]]
+        lines.append(f"| {r['id']} | " + " | ".join(cells) + " |")
+    for o in ours_labels:
+        lines.append(f"| geomean ({o}) | | " + " | ".join(
+            f"{geomean(ratios(rows, 'infer', o, b)):.2f}x" for b in bases[:2]) + " |")
+    pieces = list(rows[0]["steps"]) if rows else []
+    lines += ["", "### Where a step's time goes (ours, µs)", "",
+              "measured µs/step = train step time / T (forward and backward of one step). "
+              "Host µs/step = the Python issuing the train step, per step, GPU idle at the "
+              "start. Each piece of a step is timed alone as host issue time / device time "
+              "(the device time with the host's issue time hidden, bench.suite.held_times_us); "
+              "their device times add up to the per-step path's GPU floor.", "",
+              "| id | measured µs/step | host µs/step | host µs/step, CuPy launch | "
+              + " | ".join(f"{k}: host / device" for k in pieces) + " | device floor µs/step |",
+              "|---|---|---|---|" + "---|" * (len(pieces) + 1)]
+    for r in rows:
+        T = r["shape"][0]
+        floor = sum(r["steps"][k][1] for k in pieces)
+        lines.append(f"| {r['id']} | {r['train']['ours'] * 1e3 / T:.1f} | "
+                     f"{r['host']['ours']:.1f} | {r['host']['ours, CuPy launch']:.1f} | "
+                     + " | ".join(f"{r['steps'][k][0]:.1f} / {r['steps'][k][1]:.1f}"
+                                  for k in pieces) + f" | {floor:.1f} |")
+    mem = [r for r in rows if "memory" in r]
+    if mem:
+        lines += ["", "### Peak memory of a train step beyond its inputs (MiB)", "",
+                  "| id | ours (CuPy pool high-water mark) | cuDNN (torch max allocated) |",
+                  "|---|---|---|"]
+        for r in mem:
+            m = r["memory"]
+            lines.append(f"| {r['id']} | {m['ours'] / 2**20:.1f} | "
+                         f"{m['cuDNN'] / 2**20:.1f} |" if "cuDNN" in m else
+                         f"| {r['id']} | {m['ours'] / 2**20:.1f} | - |")
+    cpu = [r for r in rows if "cpu" in r]
+    if cpu:
+        lines += ["", "### CPU fallback: train step on the host CPU (ms)", "",
+                  "| id | ours (numpy) | torch CPU nn.GRU | ratio |", "|---|---|---|---|"]
+        for r in cpu:
+            c = r["cpu"]
+            t = c.get("torch CPU")
+            lines.append(f"| {r['id']} | {c['ours (numpy)']:.1f} | "
+                         + (f"{t:.1f} | {t / c['ours (numpy)']:.2f}x |" if t else "- | - |"))
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ids = [r["id"] for r in rows]
+    series = [("train", "cuDNN strict"), ("train", "cuDNN TF32"), ("infer", "cuDNN strict"),
+              ("infer", "cuDNN TF32")]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(series)
+    for k, (kind, base) in enumerate(series):
+        vals = [r[kind][base] / r[kind]["ours"] if base in r[kind] else 0 for r in rows]
+        ax.bar([i + (k - 1.5) * width for i in range(len(ids))], vals, width,
+               label=f"{kind}: {base} / ours")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(ids)), ids)
+    ax.set_ylabel("speed-up of ours (log)")
+    ax.set_title("cugru per-step path against cuDNN, float32 (> 1: ours faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="cugru against cuDNN on S1-S10")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--no-cpu", action="store_true", help="skip the CPU fallback rows")
+    args = ap.parse_args(argv)
+    import cupy as cp
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
+    rows = run(args.shapes.split(","), args.repeat, cpu=not args.no_cpu)
+    table = markdown(rows, dev)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gru-bench.json"), "w") as f:
+            json.dump({"device": dev, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "gru-bench.md"), "w") as f:
+            f.write(table)
+        plot(rows, os.path.join(args.out, "gru-ratios.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

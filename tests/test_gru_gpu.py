@@ -1,0 +1,163 @@
+"""Chain of trust, link 2 for the GRU: the kernels against the oracle, and against cuDNN.
+
+Every buffer the GPU path allocates is NaN before the launches (the `poison` fixture), so an
+element no thread writes fails. Tolerance (float32): the kernels' error against the float64
+oracle may be at most twice the float32 oracle's error against it, plus a floor of 16 ulps of
+the output's scale. float64: 1e-11 of the scale (GEMM summation order is all that differs).
+"""
+import os
+
+import numpy as np
+import pytest
+
+import cugru
+from cugru import gru as gru_module
+from cugru import oracle
+from gru_cases import BENCH_SHAPES, NAMES, SHAPES, problem, torch_gru, weights
+
+pytestmark = pytest.mark.gpu
+
+QUICK = bool(os.environ.get("CK_QUICK"))   # under compute-sanitizer: fewer, shorter runs
+GPU_SHAPES = [(3, 17, 33, 2), (17, 2, 3, 33)] if QUICK else SHAPES
+LONG_T = 300 if QUICK else 10000
+
+
+def to_gpu(cp, p):
+    return {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+
+
+def run(p, fn=cugru, dh_n=True):
+    y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"])
+    return (y, hn) + tuple(fn.gru_backward(p["dy"], p["dh_n"] if dh_n else None, saved))
+
+
+def cast(p, dtype):
+    return {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+
+
+def max_err(a, ref):
+    a = np.asarray(a, np.float64)
+    assert a.shape == ref.shape
+    return np.inf if not np.isfinite(a).all() else float(np.abs(a - ref).max())
+
+
+def assert_within(got, ref64, ref32, dtype, names):
+    for name, g, r, r32 in zip(names, got, ref64, ref32):
+        scale = max(1.0, float(np.abs(r).max()))
+        if np.dtype(dtype) == np.float32:
+            bound = 2 * max_err(r32, r) + 16 * np.finfo(np.float32).eps * scale
+        else:
+            bound = 1e-11 * scale
+        err = max_err(g, r)
+        assert err <= bound, f"{name}: error {err:.3g} > bound {bound:.3g}"
+
+
+OUT_NAMES = ("y", "h_n") + NAMES
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no_h0"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", GPU_SHAPES)
+def test_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, dtype):
+    p = problem(rng, T, B, I, H, bidirectional, with_h0)
+    ref = run(p, oracle)
+    ref32 = run(cast(p, np.float32), oracle) if dtype == np.float32 else ref
+    got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)))]
+    assert all(a.dtype == dtype for a in got)
+    assert_within(got, ref, ref32, dtype, OUT_NAMES)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+def test_inference_gives_the_training_outputs_bit_for_bit(cp, poison, rng, bidirectional):
+    g = to_gpu(cp, problem(rng, 33, 3, 17, 130, bidirectional, dtype=np.float32))
+    args = (g["x"], g["h0"], *weights(g))
+    y, hn, saved = cugru.gru_forward(*args, bidirectional=bidirectional, training=True)
+    y2, hn2, none = cugru.gru_forward(*args, bidirectional=bidirectional, training=False)
+    assert none is None
+    cp.testing.assert_array_equal(y, y2)
+    cp.testing.assert_array_equal(hn, hn2)
+
+
+def test_no_dh_n_and_flat_weights(cp, poison, rng):
+    p = problem(rng, 17, 3, 2, 33, False, with_h0=False)
+    ref = run(p, oracle, dh_n=False)
+    g = to_gpu(cp, p)
+    y, hn, saved = cugru.gru_forward(g["x"], None, *[w[0] for w in weights(g)])
+    grads = cugru.gru_backward(g["dy"], None, saved)
+    assert [a.shape for a in grads[2:]] == [w.shape[1:] for w in weights(p)]
+    got = [cp.asnumpy(a) for a in (y, hn, grads[0], grads[1])] + \
+          [cp.asnumpy(a)[None] for a in grads[2:]]
+    assert_within(got, ref, ref, np.float64, OUT_NAMES)
+
+
+def test_two_layer_stack_matches_oracle(cp, rng):
+    p1 = problem(rng, 9, 4, 5, 7, True)
+    p2 = problem(rng, 9, 4, 14, 6, False)
+    outs = []
+    for lib, conv in ((oracle, lambda a: a), (cugru, cp.asarray)):
+        a1, a2 = {k: conv(v) if isinstance(v, np.ndarray) else v for k, v in p1.items()}, \
+                 {k: conv(v) if isinstance(v, np.ndarray) else v for k, v in p2.items()}
+        y1, h1, s1 = lib.gru_forward(a1["x"], a1["h0"], *weights(a1), bidirectional=True)
+        y2, h2, s2 = lib.gru_forward(y1, a2["h0"], *weights(a2))
+        g2 = lib.gru_backward(a2["dy"], a2["dh_n"], s2)
+        g1 = lib.gru_backward(g2[0], a1["dh_n"], s1)
+        outs.append([np.asarray(v if lib is oracle else cp.asnumpy(v))
+                     for v in (y2, h2, h1) + tuple(g1) + tuple(g2[1:])])
+    assert_within(outs[1], outs[0], outs[0], np.float64, [f"out{k}" for k in range(14)])
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["packed_launch", "cupy_launch"])
+def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
+    monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", plain)
+    g = to_gpu(cp, problem(rng, 40, 64, 40, 128, True, dtype=np.float32))
+    first = run(g)
+    for _ in range(2):
+        for a, b in zip(first, run(g)):
+            cp.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", not plain)
+    for a, b in zip(first, run(g)):   # both launch paths run the same kernels
+        cp.testing.assert_array_equal(a, b)
+
+
+def test_long_sequence_stays_finite(cp):
+    rng = np.random.default_rng(11)
+    g = to_gpu(cp, problem(rng, LONG_T, 2, 3, 5, True, scale=1.0, dtype=np.float32))
+    out = run(g)
+    assert all(bool(cp.isfinite(a).all()) for a in out)
+    assert float(cp.abs(out[0]).max()) <= max(1.0, float(cp.abs(g["h0"]).max()))
+
+
+def test_numpy_mixed_with_cupy_is_a_type_error(cp, rng):
+    p = problem(rng, 3, 2, 4, 5, False)
+    g = to_gpu(cp, p)
+    with pytest.raises(TypeError, match="w_hh is a numpy array"):
+        cugru.gru_forward(g["x"], g["h0"], g["w_ih"], p["w_hh"], g["b_ih"], g["b_hh"])
+    y, hn, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g))
+    with pytest.raises(TypeError, match="dy is a numpy array"):
+        cugru.gru_backward(p["dy"], None, saved)
+
+
+CUDNN_SHAPES = ["S1", "S4"] if QUICK else list(BENCH_SHAPES)
+
+
+@pytest.mark.parametrize("sid", CUDNN_SHAPES)
+def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid):
+    """Ours and cuDNN (FP32 strict), both float32, against cuDNN in float64 on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    T, B, I, H, bi = BENCH_SHAPES[sid]
+    p = problem(np.random.default_rng(int(sid[1:])), T, B, I, H, bi)
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        ref = torch_gru(torch, p, "cuda", torch.float64)
+        cudnn32 = torch_gru(torch, cast(p, np.float32), "cuda", torch.float32)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+    ref = (ref[0], ref[1]) + ref[2]
+    cudnn32 = (cudnn32[0], cudnn32[1]) + cudnn32[2]
+    ours32 = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))]
+    assert_within(ours32, ref, cudnn32, np.float32, OUT_NAMES)
+    ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p))]
+    assert_within(ours64, ref, ref, np.float64, OUT_NAMES)
