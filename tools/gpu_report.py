@@ -5,12 +5,12 @@
      (a smaller grid of sizes, CuPy's memory pool off so that every array is its own
      allocation),
   3. the benchmarks (bench/run.py), the GRU benchmark against cuDNN (bench/gru.py) and the
-     main job (cukernels.demo, GPU and CPU),
+     main job (cugru.train, GPU and CPU),
 
 and writes OUTDIR/gpu-report.md (copy it to docs/gpu-report.md) with the commit, the GPU,
 the test counts, the sanitizer's findings and the benchmark table. Logs go to OUTDIR too.
 
-    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,demo]
+    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,main]
     python tools/gpu_report.py OUTDIR --assemble DIR [DIR ...]
 
 Each phase writes OUTDIR/section-<phase>.md; gpu-report.md is assembled from the sections in
@@ -186,20 +186,33 @@ def main(argv=None) -> int:
             os.remove(md)
         write(out, "gru", lines)
 
-    if "demo" not in skip:
-        log = os.path.join(out, "demo-log.txt")
-        lines = ["## Main job (`python -m cukernels.demo`, digits, 30 epochs, Adam)", ""]
+    if "main" not in skip:
+        log = os.path.join(out, "main-log.txt")
+        lines = ["## Main job (`python -m cugru.train`: bidirectional GRU on the digits, "
+                 "default settings)", ""]
+        curves = {}
         for dev in ("gpu", "cpu"):
-            rc, secs = sh([py, "-m", "cukernels.demo", "--device", dev], log, timeout=90)
+            start = os.path.getsize(log) if os.path.exists(log) else 0
+            rc, secs = sh([py, "-m", "cugru.train", "--device", dev, "--no-progress", "--plot",
+                           os.path.join(out, f"training-curves-{dev}.png")], log, timeout=150)
             with open(log) as f:
-                last = [ln for ln in f.read().splitlines() if ln.startswith(f"device {dev}")]
+                f.seek(start)
+                text = f.read().splitlines()
+            last = [ln for ln in text if ln.startswith(f"device {dev}")]
+            curves[dev] = [float(m.group(1)) for ln in text
+                           if (m := re.match(r"epoch\s+\d+\s+loss (\S+)", ln))]
             lines.append(f"- {dev}: {last[-1] if last else f'failed (exit {rc})'}; wall {secs:.1f} s "
                          "with start-up")
-        write(out, "demo", lines)
+        if curves["gpu"] and len(curves["gpu"]) == len(curves["cpu"]):
+            rel = [abs(g - c) / c for g, c in zip(curves["gpu"], curves["cpu"])]
+            lines.append(f"- loss per epoch, GPU against CPU (same seed and data order): relative "
+                         f"difference {rel[0]:.1e} after epoch 1, at most {max(rel):.1e} over "
+                         f"{len(rel)} epochs")
+        write(out, "main", lines)
     return assemble(out)
 
 
-PHASES = ("tests", "sanitizer", "bench", "gru", "demo")
+PHASES = ("tests", "sanitizer", "bench", "gru", "main")
 
 
 def write(out, phase, lines):

@@ -1,0 +1,306 @@
+"""The main job: train a sequence classifier with cugru and cukernels, on the GPU or the CPU.
+
+    python -m cugru.train [--device auto|gpu|cpu] [--optimizer adam] [--epochs 15]
+                          [--hidden 64] [--batch 32] [--lr LR] [--seed 0]
+                          [--data FILE.npz] [--save FILE.npz] [--plot FILE.png]
+
+By default it reads scikit-learn's handwritten digits, each 8x8 image as a sequence of 8 rows
+of 8 features. ``--data`` takes your own sequences instead: an .npz with ``X`` (N, T, I) and
+integer labels ``y`` (N,) in 0..C-1. A fifth of the samples (at least one) is held out.
+
+Model and the calls that compute it:
+
+    x (T, B, I) -> bidirectional GRU          cugru.gru_forward / gru_backward
+      -> last hidden states [h_fwd, h_bwd]    (B, 2H)
+      -> dense layer W (C, 2H + 1)            perceptron_feed_forward
+      -> softmax, cross-entropy               softmax_activation
+    backward: calc_output_gradient (cross-entropy) and softmax_derivative give t - p;
+    calc_delta_weights accumulates W's step; calc_hidden_gradient carries it to the GRU's
+    h_n; gru_backward gives the GRU's gradients. Every parameter is updated by one of
+    cukernels' six optimizers (Adam by default), whose accumulators hold the descent
+    direction -dL/dw summed over the batch.
+
+numpy arrays run every call on the CPU (the oracles), cupy arrays on the GPU: the same code
+runs both, from the same seed and data order.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import cukernels as ck
+from cukernels import _rt
+
+from . import gru_backward, gru_forward
+
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop", "adadelta", "adam")
+#: learning rates that train the default model well in the default epochs
+#: (each reaches 98-99% held-out accuracy on the digits in 15 epochs, seed 0)
+DEFAULT_LR = {"sgd": 1.0, "momentum": 0.1, "adagrad": 0.1, "rmsprop": 1e-2,
+              "adadelta": 2.0, "adam": 5e-3}
+
+
+#: eps of the cross-entropy gradient t / (p + eps): far below any probability that matters,
+#: above float32's smallest normal number (the GPU flushes denormals to zero)
+CE_EPS = 1e-30
+
+
+class Param:
+    """One parameter array with its optimizer accumulator (descent direction) and moments."""
+
+    def __init__(self, xp, value):
+        self.w = xp.asarray(value)
+        self.d = xp.zeros_like(self.w)
+        self.m = [xp.zeros_like(self.w), xp.zeros_like(self.w)]
+
+    def step(self, name, batch, lr, t):
+        w, d, (m, v) = self.w, self.d, self.m
+        if name == "sgd":
+            ck.sgd_update(d, w, batch, lr)
+        elif name == "momentum":
+            ck.momentum_update(d, w, m, batch, lr)
+        elif name == "adagrad":
+            ck.adagrad_update(d, w, m, batch, lr)
+        elif name == "rmsprop":
+            ck.rmsprop_update(d, w, m, batch, lr)
+        elif name == "adadelta":
+            ck.adadelta_update(d, w, m, v, batch, 0.9, 0.9, learning_rate=lr)
+        else:
+            ck.adam_update(d, w, m, v, batch, lr, t=t)
+
+
+class Model:
+    """Bidirectional GRU, its last hidden states into a dense layer, softmax."""
+
+    GRU_PARAMS = ("w_ih", "w_hh", "b_ih", "b_hh")
+
+    def __init__(self, xp, rng, n_features, hidden, n_classes, dtype=np.float32):
+        self.xp, self.hidden = xp, hidden
+        k = 1 / np.sqrt(hidden)            # torch.nn.GRU's initial range
+        u = lambda *s: rng.uniform(-k, k, s).astype(dtype)  # noqa: E731
+        dense = rng.uniform(-1, 1, (n_classes, 2 * hidden + 1)) * np.sqrt(3 / (2 * hidden))
+        dense[:, -1] = 0
+        self.params = {"w_ih": Param(xp, u(2, 3 * hidden, n_features)),
+                       "w_hh": Param(xp, u(2, 3 * hidden, hidden)),
+                       "b_ih": Param(xp, u(2, 3 * hidden)), "b_hh": Param(xp, u(2, 3 * hidden)),
+                       "dense": Param(xp, dense.astype(dtype))}
+
+    def _gru(self, x, training):
+        w = [self.params[n].w for n in self.GRU_PARAMS]
+        return gru_forward(x, None, *w, bidirectional=True, training=training)
+
+    def probabilities(self, x, training=False):
+        """Class probabilities (B, C) for x (T, B, I); with the cache backward needs."""
+        y, h_n, saved = self._gru(x, training)
+        B = x.shape[1]
+        features = self.xp.ascontiguousarray(h_n.transpose(1, 0, 2).reshape(B, 2 * self.hidden))
+        p = ck.softmax_activation(ck.perceptron_feed_forward(features, self.params["dense"].w))
+        return p, (y, features, saved)
+
+    def backward(self, p, targets, cache):
+        """Accumulate every parameter's descent direction -dL/dw, L = summed cross-entropy."""
+        xp, H = self.xp, self.hidden
+        y, features, saved = cache
+        B = features.shape[0]
+        # cross-entropy's t / (p + eps), then through softmax: t - p. eps = 1e-30 keeps t = 0,
+        # p = 0 (an underflowed probability) at 0 instead of 0/0, and errs by eps/p otherwise
+        g_out = ck.calc_output_gradient(targets, p, 2, eps=CE_EPS)
+        g_logits = ck.softmax_derivative(p, g_out)
+        dense = self.params["dense"]
+        ck.calc_delta_weights(features, dense.d, g_logits)
+        g_features = ck.calc_hidden_gradient(dense.w, g_logits)     # -dL/d[h_fwd, h_bwd]
+        dh_n = xp.ascontiguousarray(-g_features.reshape(B, 2, H).transpose(1, 0, 2))
+        grads = gru_backward(xp.zeros_like(y), dh_n, saved)[2:]
+        for name, g in zip(self.GRU_PARAMS, grads):
+            xp.negative(g, out=self.params[name].d)
+
+    def step(self, optimizer, batch, lr, t):
+        for p in self.params.values():
+            p.step(optimizer, batch, lr, t)
+
+    def state(self):
+        to_host = (lambda a: a) if self.xp is np else (lambda a: self.xp.asnumpy(a))
+        return {name: to_host(p.w) for name, p in self.params.items()}
+
+
+def load_digits():
+    """Digits as (N, 8 rows, 8 features) in [0, 1], and labels."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError:
+        raise SystemExit("the digits data set needs scikit-learn: pip install -e '.[main]'")
+    d = sk_digits()
+    return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def load_npz(path):
+    """X (N, T, I) and y (N,) from a user's .npz, with errors that say what is wrong."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--data {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files if k in ("X", "y")}
+            keys = sorted(f.files)
+    except Exception as e:  # noqa: BLE001 (not an npz, truncated, pickled objects...)
+        raise ValueError(f"--data {path}: not a readable .npz file ({e})") from None
+    missing = {"X", "y"} - set(arrays)
+    if missing:
+        raise ValueError(f"--data {path}: missing array(s) {sorted(missing)}; it must hold "
+                         f"X (N, T, I) and y (N,), found {keys}")
+    X, y = arrays["X"], arrays["y"]
+    if X.ndim != 3 or 0 in X.shape:
+        raise ValueError(f"--data {path}: X must have shape (N, T, I) with sizes > 0, "
+                         f"got {X.shape}")
+    if not (np.issubdtype(X.dtype, np.number) and np.isfinite(X).all()):
+        raise ValueError(f"--data {path}: X must hold finite numbers (dtype {X.dtype})")
+    if y.shape != (X.shape[0],):
+        raise ValueError(f"--data {path}: y must have shape (N,) = ({X.shape[0]},), "
+                         f"got {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        if not (np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0)):
+            raise ValueError(f"--data {path}: y must hold integer class labels, got {y.dtype}")
+    y = y.astype(np.int64)
+    if y.min() < 0:
+        raise ValueError(f"--data {path}: labels must be >= 0, found {y.min()}")
+    if X.shape[0] < 2:
+        raise ValueError(f"--data {path}: need at least 2 samples (one is held out)")
+    return X.astype(np.float32), y
+
+
+def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
+          data=None, progress=True):
+    """Train and evaluate; returns a dict with the history, accuracy, timings and model."""
+    if device == "auto":
+        device = "gpu" if ck.gpu_available() else "cpu"
+    if device == "gpu" and not ck.gpu_available():
+        raise SystemExit("--device gpu: no CUDA GPU with CuPy on this machine")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    xp = _rt.cupy_module() if device == "gpu" else np
+    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    X, labels = load_digits() if data is None else load_npz(data)
+    n_classes = int(labels.max()) + 1
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(X))
+    n_test = max(1, len(X) // 5)
+    test, tr = order[:n_test], order[n_test:]
+    batch = min(batch, len(tr))
+    eye = np.eye(n_classes, dtype=np.float32)
+    model = Model(xp, rng, X.shape[2], hidden, n_classes)
+    x_test = xp.asarray(np.ascontiguousarray(X[test].transpose(1, 0, 2)))
+    y_test = xp.asarray(labels[test])
+    history, batch_losses, t, start = [], [], 0, time.perf_counter()
+    bar = _progress(epochs * (len(tr) // batch), progress)
+    for epoch in range(epochs):
+        perm = rng.permutation(tr)
+        losses = []
+        for k in range(0, len(perm) - batch + 1, batch):
+            idx = perm[k:k + batch]
+            x = xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # (T, B, I)
+            targets = xp.asarray(eye[labels[idx]])
+            p, cache = model.probabilities(x, training=True)
+            losses.append(float(-(targets * xp.log(p + 1e-12)).sum()) / batch)
+            batch_losses.append(losses[-1])
+            model.backward(p, targets, cache)
+            t += 1
+            model.step(optimizer, batch, lr, t)
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses):.4f}")
+        p, _ = model.probabilities(x_test)
+        accuracy = float((p.argmax(axis=1) == y_test).mean())
+        history.append((float(np.mean(losses)), accuracy))
+    bar.close()
+    seconds = time.perf_counter() - start
+    return {"device": device, "optimizer": optimizer, "history": history,
+            "batch_losses": batch_losses,
+            "accuracy": history[-1][1], "seconds": seconds,
+            "seconds_per_epoch": seconds / epochs, "model": model}
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="batch", dynamic_ncols=True)
+
+
+def plot(history, path, title):
+    """A PNG of the loss and held-out accuracy per epoch; False where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    epochs = range(1, len(history) + 1)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.plot(epochs, [h[0] for h in history], marker="o")
+    a.set(xlabel="epoch", ylabel="training loss (cross-entropy)", yscale="log")
+    b.plot(epochs, [h[1] for h in history], marker="o", color="tab:green")
+    b.set(xlabel="epoch", ylabel="held-out accuracy", ylim=(0, 1))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default=None, help=".npz with X (N, T, I) and y (N,)")
+    ap.add_argument("--save", default=None, help="write the trained weights to this .npz")
+    ap.add_argument("--plot", default="training-curves.png",
+                    help="PNG of the loss and accuracy curves ('' for none)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    for name in ("epochs", "hidden", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    if args.lr is not None and not args.lr > 0:
+        ap.error("--lr must be > 0")
+    try:
+        r = train(args.device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
+                  args.seed, args.data, progress=not args.no_progress)
+    except ValueError as e:
+        ap.error(str(e))
+    for epoch, (loss, acc) in enumerate(r["history"], 1):
+        print(f"epoch {epoch:3d}  loss {loss:.6f}  held-out accuracy {acc:.3f}")
+    print(f"device {r['device']}: held-out accuracy {r['accuracy']:.3f} after {args.epochs} "
+          f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch, "
+          f"{r['seconds']:.1f} s in all")
+    if args.save:
+        np.savez(args.save, **r["model"].state())
+        print(f"weights written to {args.save}")
+    if args.plot and plot(r["history"], args.plot, f"GRU classifier, {r['device']}, "
+                          f"{args.optimizer}"):
+        print(f"curves written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The main job (cugru.train): it learns, its gradients are torch autograd's, its CLI and its
+--data checks. The GPU test compares a GPU run's loss curve with the CPU run's."""
+import numpy as np
+import pytest
+
+from cugru import train
+
+pytest.importorskip("sklearn")
+
+
+def _digits_batch(B, dtype):
+    X, y = train.load_digits()
+    return np.ascontiguousarray(X[:B].transpose(1, 0, 2)).astype(dtype), y[:B]
+
+
+def test_whole_model_gradients_equal_torch_autograd(torch, rng):
+    H, C, B = 5, 10, 6
+    model = train.Model(np, rng, 8, H, C, dtype=np.float64)
+    x, labels = _digits_batch(B, np.float64)
+    targets = np.eye(C)[labels]
+    p, cache = model.probabilities(x, training=True)
+    model.backward(p, targets, cache)
+
+    gru = torch.nn.GRU(8, H, bidirectional=True).double()
+    params = {n: torch.tensor(model.params[n].w) for n in ("w_ih", "w_hh", "b_ih", "b_hh")}
+    with torch.no_grad():
+        for name, key in (("weight_ih_l0", "w_ih"), ("weight_hh_l0", "w_hh"),
+                          ("bias_ih_l0", "b_ih"), ("bias_hh_l0", "b_hh")):
+            getattr(gru, name).copy_(params[key][0])
+            getattr(gru, name + "_reverse").copy_(params[key][1])
+    dense = torch.tensor(model.params["dense"].w, requires_grad=True)
+    _, h_n = gru(torch.tensor(x))
+    features = torch.cat([h_n[0], h_n[1]], dim=1)
+    logits = features @ dense[:, :-1].T + dense[:, -1]
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels), reduction="sum")
+    loss.backward()
+
+    np.testing.assert_allclose(p, torch.softmax(logits, 1).detach().numpy(), rtol=1e-12)
+    # the accumulators hold the descent direction -dL/dw, summed over the batch
+    np.testing.assert_allclose(-model.params["dense"].d, dense.grad.numpy(), rtol=1e-10,
+                               atol=1e-12)
+    for name, key in (("weight_ih_l0", "w_ih"), ("weight_hh_l0", "w_hh"),
+                      ("bias_ih_l0", "b_ih"), ("bias_hh_l0", "b_hh")):
+        want = np.stack([getattr(gru, name).grad.numpy(),
+                         getattr(gru, name + "_reverse").grad.numpy()])
+        np.testing.assert_allclose(-model.params[key].d, want, rtol=1e-10, atol=1e-12,
+                                   err_msg=key)
+
+
+@pytest.mark.parametrize("optimizer", train.OPTIMIZERS)
+def test_training_lowers_the_loss_with_every_optimizer(optimizer):
+    r = train.train("cpu", optimizer, epochs=2, hidden=16, progress=False)
+    losses = r["batch_losses"]
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    assert r["history"][1][0] < r["history"][0][0]
+    assert r["accuracy"] > 0.6
+
+
+def test_training_is_repeatable():
+    a = train.train("cpu", epochs=1, hidden=8, progress=False)
+    b = train.train("cpu", epochs=1, hidden=8, progress=False)
+    assert a["batch_losses"] == b["batch_losses"]
+
+
+def test_cli_trains_on_user_data_and_saves_weights(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((60, 5, 3)).astype(np.float32)
+    y = (X[:, :, 0].sum(axis=1) > 0).astype(np.int64)      # a learnable rule
+    data, weights, curves = tmp_path / "d.npz", tmp_path / "w.npz", tmp_path / "c.png"
+    np.savez(data, X=X, y=y)
+    assert train.main(["--device", "cpu", "--data", str(data), "--epochs", "3", "--hidden", "4",
+                       "--batch", "8", "--save", str(weights), "--plot", str(curves),
+                       "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "ms per epoch" in out
+    with np.load(weights) as w:
+        assert w["w_ih"].shape == (2, 12, 3) and w["w_hh"].shape == (2, 12, 4)
+        assert w["dense"].shape == (2, 9)
+    assert curves.stat().st_size > 1000
+
+
+BAD_DATA = [
+    ("no such file", None, "no such file"),
+    ("missing y", {"X": np.zeros((4, 2, 3))}, "missing array"),
+    ("X rank", {"X": np.zeros((4, 6)), "y": np.zeros(4, int)}, "X must have shape"),
+    ("y length", {"X": np.zeros((4, 2, 3)), "y": np.zeros(3, int)}, "y must have shape"),
+    ("nan", {"X": np.full((4, 2, 3), np.nan), "y": np.zeros(4, int)}, "finite"),
+    ("labels", {"X": np.zeros((4, 2, 3)), "y": np.array([0, 1, -1, 0])}, ">= 0"),
+    ("fractional", {"X": np.zeros((4, 2, 3)), "y": np.array([0, 0.5, 1, 0])}, "integer"),
+    ("one sample", {"X": np.zeros((1, 2, 3)), "y": np.zeros(1, int)}, "at least 2"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_DATA, ids=[c[0] for c in BAD_DATA])
+def test_malformed_data_file_is_a_clear_error(tmp_path, capsys, case):
+    _, arrays, message = case
+    path = tmp_path / "bad.npz"
+    if arrays is not None:
+        np.savez(path, **arrays)
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--device", "cpu", "--data", str(path), "--no-progress", "--plot", ""])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--data" in err and message in err
+
+
+def test_not_an_npz_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "text.npz"
+    path.write_text("not a zip file")
+    with pytest.raises(SystemExit):
+        train.main(["--device", "cpu", "--data", str(path), "--no-progress", "--plot", ""])
+    assert "not a readable .npz" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_run_follows_the_cpu_loss_curve():
+    cpu = train.train("cpu", epochs=1, progress=False)
+    gpu = train.train("gpu", epochs=1, progress=False)
+    a, b = np.array(cpu["batch_losses"]), np.array(gpu["batch_losses"])
+    assert a.shape == b.shape
+    # float32 on both sides; only rounding differs (and grows slowly over the steps)
+    np.testing.assert_allclose(b, a, rtol=1e-3)
+    assert abs(gpu["accuracy"] - cpu["accuracy"]) <= 0.02
