@@ -96,11 +96,11 @@ def fast_info(p):
     plan = gru.fast_plan(B, H, D, np.float32)
     if plan is None:
         return None
-    regs = [gru._persist_kernel(name, plan.shared_mem).num_regs for name in
-            (f"gru_persist_forward<float,{plan.rows_per_thread},true>",
-             f"gru_persist_backward<float,{plan.rows_per_thread}>")]
+    regs = [gru._persist_kernel(name, smem).num_regs for name, smem in
+            ((f"gru_persist_forward<float,{plan.rows_per_thread},true>", plan.smem_fwd),
+             (f"gru_persist_backward<float,{plan.rows_per_thread}>", plan.smem_bwd))]
     return {"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
-            "rows_per_thread": plan.rows_per_thread, "smem": plan.shared_mem,
+            "rows_per_thread": plan.rows_per_thread, "smem": max(plan.smem_fwd, plan.smem_bwd),
             "regs": regs, "h_bytes_per_step": plan.blocks * D * B * H * 4}
 
 

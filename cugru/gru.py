@@ -43,33 +43,45 @@ PLAIN_LAUNCH = False
 #: cuts it about WGRAD_CHUNKS-fold, with no extra memory and the same bits every run.
 WGRAD_CHUNKS = 8
 MIN_CHUNK_ROWS = 256
-#: threads per block of the persistent kernels (their __launch_bounds__)
+#: threads per block of the persistent kernels (GRU_NT of gru_persist.cu)
 FAST_THREADS = 256
-#: vector elements staged through shared memory per chunk: GRU_KC of gru_persist.cu
-FAST_KC = 32
-#: the recurrent product's FMAs per block per step that the fast path aims at when it has
-#: the choice: more blocks share the work, but every block more joins the barrier
-FAST_WORK_PER_BLOCK = 1 << 16
+#: shared memory a block of the persistent kernels may use for staging the step's vector
+#: (h forward, d_gate_h backward): the whole vector when it fits, else chunks of this size
+FAST_STAGE_BYTES = 96 * 1024
+#: cost model of the block split, in SM clock cycles per forward step. A block's product
+#: is bound by its shared-memory loads (a 16-byte load per warp every FAST_LDS_CYCLES), its
+#: FMAs (4 warps' instructions per cycle) or the dependent chain of H FMAs per accumulator
+#: (FAST_FMA_LATENCY each); every block stages its direction's whole vector from L2, at about
+#: FAST_L2_BYTES_PER_CYCLE for the whole chip; a barrier across blocks costs about
+#: FAST_BARRIER_CYCLES.
+FAST_LDS_CYCLES = 4
+FAST_FMA_LATENCY = 4
+FAST_L2_BYTES_PER_CYCLE = 3000
+FAST_BARRIER_CYCLES = 2000
 PATHS = ("auto", "fast", "steps")
 
 
 @dataclass(frozen=True)
 class FastPlan:
     """How the persistent kernels split a direction: `blocks` blocks of `units` hidden units
-    each, `rows_per_thread` batch rows per thread, `shared_mem` bytes of shared memory per
-    block (the W_hh slice and a staging buffer); scope "block" (one block per direction,
-    __syncthreads) or "grid" (a barrier across the direction's blocks, cooperative launch)."""
+    each, `rows_per_thread` batch rows per thread, the staging chunk (`kc_fwd`, `kc_bwd`
+    elements of a vector row) and the shared memory per block of each kernel (the W_hh slice
+    and the staging buffer). Scope "block" (one block per direction: __syncthreads) or "grid"
+    (a barrier across the direction's blocks; cooperative launch)."""
     blocks: int
     units: int
     rows_per_thread: int
-    shared_mem: int
+    kc_fwd: int
+    kc_bwd: int
+    smem_fwd: int
+    smem_bwd: int
 
     @property
     def scope(self):
         return "block" if self.blocks == 1 else "grid"
 
 
-def _split(B, H, blocks, itemsize):
+def _split(B, H, D, blocks, itemsize, smem_limit):
     """The FastPlan for `blocks` blocks per direction, or None when a block cannot hold it."""
     units = -(-H // blocks)
     blocks = -(-H // units)                      # no block without units
@@ -79,8 +91,32 @@ def _split(B, H, blocks, itemsize):
     maxp = next((p for p in _rt.GRU_MAXP if p >= rows), None)
     if maxp is None:
         return None
-    smem = (3 * units * H + B * (FAST_KC + 1)) * itemsize
-    return FastPlan(blocks, units, maxp, smem)
+    v = 16 // itemsize
+    up = lambda n: -(-n // v) * v  # noqa: E731
+    w_fwd, w_bwd = 3 * units * (up(H) + v), units * (up(3 * H) + v)
+    kcs = []
+    for w, length in ((w_fwd, H), (w_bwd, 3 * H)):
+        room = min(smem_limit, FAST_STAGE_BYTES + w * itemsize) // itemsize - w
+        kc = min(up(length), (room // B - v) // v * v)
+        if kc < v:
+            return None
+        kcs.append(kc)
+    smem = [(w + B * (kc + v)) * itemsize for w, kc in ((w_fwd, kcs[0]), (w_bwd, kcs[1]))]
+    return FastPlan(blocks, units, maxp, kcs[0], kcs[1], smem[0], smem[1])
+
+
+def _cost(plan, B, H, D, itemsize=4):
+    """Estimated cycles per forward step of a split (see FAST_LDS_CYCLES)."""
+    v = 16 // itemsize
+    packs = -(-H // v)
+    rows = min(FAST_THREADS // plan.units, B)
+    warps = -(-plan.units * rows // 32)
+    p = plan.rows_per_thread
+    product = max(warps * packs * (3 + p) * FAST_LDS_CYCLES,    # shared-memory loads
+                  warps * packs * 3 * v * p / 4,                 # FMA instructions
+                  FAST_FMA_LATENCY * H)                          # one accumulator's chain
+    stage = plan.blocks * D * B * H * itemsize / FAST_L2_BYTES_PER_CYCLE
+    return product + stage + (FAST_BARRIER_CYCLES if plan.blocks > 1 else 0)
 
 
 def fast_plan(B, H, D, dtype):
@@ -97,30 +133,25 @@ def _fast_plan(B, H, D, dtype, device_id):
     itemsize = np.dtype(dtype).itemsize
     attrs = cp.cuda.Device(device_id).attributes
     smem_limit, sms = attrs["MaxSharedMemoryPerBlockOptin"], attrs["MultiProcessorCount"]
-    fitting = [p for p in (_split(B, H, n, itemsize) for n in range(1, H + 1))
-               if p is not None and p.shared_mem <= smem_limit]
-    if not fitting:
-        return None
-    least = fitting[0].blocks
-    want = max(least, min(-(-B * 3 * H * H // FAST_WORK_PER_BLOCK), max(1, sms // D)))
-    for plan in sorted({p for p in fitting if least <= p.blocks <= want},
-                       key=lambda p: -p.blocks):
+    plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
+             if p is not None}
+    for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
         if plan.blocks * D <= _resident_blocks(plan, dtype, device_id) * sms:
             return plan
     return None
 
 
 def _resident_blocks(plan, dtype, device_id):
-    """Blocks of the persistent kernels (both) that fit on one SM with this plan."""
+    """Blocks of the persistent kernels (the least of both) that fit on one SM."""
     cp = _rt.cupy_module()
     c = _rt.ctype(dtype)
     least = None
-    for name in (f"gru_persist_forward<{c},{plan.rows_per_thread},true>",
-                 f"gru_persist_forward<{c},{plan.rows_per_thread},false>",
-                 f"gru_persist_backward<{c},{plan.rows_per_thread}>"):
-        fn = _persist_kernel(name, plan.shared_mem)
-        n = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            fn.kernel.ptr, FAST_THREADS, plan.shared_mem)
+    for name, smem in ((f"gru_persist_forward<{c},{plan.rows_per_thread},true>", plan.smem_fwd),
+                       (f"gru_persist_forward<{c},{plan.rows_per_thread},false>", plan.smem_fwd),
+                       (f"gru_persist_backward<{c},{plan.rows_per_thread}>", plan.smem_bwd)):
+        fn = _persist_kernel(name, smem)
+        n = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr,
+                                                                     FAST_THREADS, smem)
         least = n if least is None else min(least, n)
     return least
 
@@ -217,12 +248,12 @@ def _forward_gpu(x, h0, w_ih, w_hh, b_ih, b_hh, dims, training, plan):
                   0.0, gi.data.ptr, D * G, 0)
         if plan is not None:
             fn = _persist_kernel(f"gru_persist_forward<{c},{plan.rows_per_thread},{train}>",
-                                 plan.shared_mem)
+                                 plan.smem_fwd)
             loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
                         (gi, w_hh, b_ih, b_hh, hs, y, y if gates is None else gates,
                          cp.zeros(D, np.uint32), i32(T), i32(B), i32(H), i32(S),
-                         i32(plan.units)),
-                        shared_mem=plan.shared_mem, cooperative=plan.blocks > 1)
+                         i32(plan.units), i32(plan.kc_fwd)),
+                        shared_mem=plan.smem_fwd, cooperative=plan.blocks > 1)
         else:
             gh = cp.empty((D, B, G), dt)
             step = loop.kernel(_rt.kernel("gru.cu", f"gru_forward_step<{c},{train}>"),
@@ -258,12 +289,13 @@ def _backward_gpu(dy, dh_n, saved, dims, plan):
         if plan is not None:
             dh = cp.empty((D, B, H), dt)
             fn = _persist_kernel(f"gru_persist_backward<{c},{plan.rows_per_thread}>",
-                                 plan.shared_mem)
+                                 plan.smem_bwd)
             loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
                         (dy, saved.gates, hs, w_hh,
                          cp.zeros((D, B, H), dt) if dh_n is None else dh_n, dgi, dgh, dh,
-                         cp.zeros(D, np.uint32), i32(T), i32(B), i32(H), i32(plan.units)),
-                        shared_mem=plan.shared_mem, cooperative=plan.blocks > 1)
+                         cp.zeros(D, np.uint32), i32(T), i32(B), i32(H), i32(plan.units),
+                         i32(plan.kc_bwd)),
+                        shared_mem=plan.smem_bwd, cooperative=plan.blocks > 1)
         else:
             dh = cp.zeros((D, B, H), dt) if dh_n is None else dh_n.copy()
             step = loop.kernel(_rt.kernel("gru.cu", f"gru_backward_step<{c}>"),
