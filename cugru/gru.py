@@ -88,7 +88,8 @@ def _split(B, H, D, blocks, itemsize, smem_limit):
     if units > FAST_THREADS:
         return None
     rows = -(-B // (FAST_THREADS // units))
-    maxp = next((p for p in _rt.GRU_MAXP if p >= rows), None)
+    maxp = next((p for p in _rt.GRU_MAXP["float" if itemsize == 4 else "double"] if p >= rows),
+                None)
     if maxp is None:
         return None
     v = 16 // itemsize

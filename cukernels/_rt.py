@@ -53,8 +53,9 @@ FF_PACKS_PER_THREAD = 4
 COL_UNROLL = 32
 #: threads per block of the softmax kernels whose rows take G <= 32 threads
 SOFTMAX_GROUP_THREADS = 256
-#: batch rows per thread that the persistent GRU kernels are built for
-GRU_MAXP = (1, 2, 4, 8)
+#: batch rows per thread that the persistent GRU kernels are built for, per element type
+#: (double with 8 rows spills registers)
+GRU_MAXP = {"float": (1, 2, 4, 8), "double": (1, 2, 4)}
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -76,8 +77,8 @@ def _registry() -> dict[str, tuple[str, ...]]:
         "gru.cu": tuple([f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
                         + [f"gru_backward_step<{c}>" for c in t]),
         "gru_persist.cu": tuple(
-            [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP for b in _BOOL]
-            + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP]),
+            [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
+            + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]),
     }
 
 

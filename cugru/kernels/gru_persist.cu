@@ -86,6 +86,29 @@ __device__ __forceinline__ void gru_dot16(T& acc, const T (&w)[Pack16<T>::N],
     for (int u = 0; u < Pack16<T>::N; ++u) acc += w[u] * v[u];
 }
 
+// one 16-byte pack of k for the three gates of this thread's rows
+template <typename T, int MAXP>
+__device__ __forceinline__ void gru_fwd_pack(T (&acc)[MAXP][3], const T* wr_s, const T* wz_s,
+                                             const T* wn_s, const T* h_s, int KCP, int k0,
+                                             int kk, int bl, int rb, int B) {
+    constexpr int V = Pack16<T>::N;
+    T wr[V], wz[V], wn[V];
+    load16(wr_s + k0 + kk, wr);
+    load16(wz_s + k0 + kk, wz);
+    load16(wn_s + k0 + kk, wn);
+#pragma unroll
+    for (int i = 0; i < MAXP; ++i) {
+        const int b = bl + i * rb;
+        if (b < B) {
+            T hv[V];
+            load16(h_s + b * KCP + kk, hv);
+            gru_dot16(acc[i][0], wr, hv);
+            gru_dot16(acc[i][1], wz, hv);
+            gru_dot16(acc[i][2], wn, hv);
+        }
+    }
+}
+
 template <typename T, int MAXP, bool TRAIN>
 __global__ void __launch_bounds__(GRU_NT, 1)
 gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
@@ -125,11 +148,11 @@ gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
     const T* wr_s = w_s + (0LL * J + jj) * HP;
     const T* wz_s = w_s + (1LL * J + jj) * HP;
     const T* wn_s = w_s + (2LL * J + jj) * HP;
-    unsigned int target = 0;
-    for (int s = 0; s < steps; ++s) {
+    // the input projection of a step does not depend on the recurrence: step s + 1's is loaded
+    // before the barrier that ends step s
+    T x_r[MAXP], x_z[MAXP], x_n[MAXP];
+    auto load_x = [&](int s) {
         const int t = d == 0 ? s : steps - 1 - s;
-        // the input projection of this step: independent of the recurrence, loaded first
-        T x_r[MAXP], x_z[MAXP], x_n[MAXP];
 #pragma unroll
         for (int i = 0; i < MAXP; ++i) {
             const int b = bl + i * rb;
@@ -139,34 +162,37 @@ gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
             x_z[i] = ok ? g_row[H + j] : T(0);
             x_n[i] = ok ? g_row[2 * H + j] : T(0);
         }
+    };
+    load_x(0);
+    unsigned int target = 0;
+    for (int s = 0; s < steps; ++s) {
+        const int t = d == 0 ? s : steps - 1 - s;
         const T* h_prev = hs + ((long long)d * S + s % S) * BH;
-        T acc[MAXP][3];
+        // two sets of partial sums (even and odd packs) for twice the independent FMAs
+        T acc[MAXP][3], acc2[MAXP][3];
 #pragma unroll
-        for (int i = 0; i < MAXP; ++i) acc[i][0] = acc[i][1] = acc[i][2] = T(0);
+        for (int i = 0; i < MAXP; ++i)
+#pragma unroll
+            for (int g = 0; g < 3; ++g) acc[i][g] = acc2[i][g] = T(0);
         for (int k0 = 0; k0 < H; k0 += KC) {
             const int kc = min(KC, H - k0);
             gru_stage(h_s, KCP, h_prev, H, B, k0, kc);
             if (active) {
                 const int kcr = gru_round_up(kc, V);
-                for (int kk = 0; kk < kcr; kk += V) {
-                    T wr[V], wz[V], wn[V];
-                    load16(wr_s + k0 + kk, wr);
-                    load16(wz_s + k0 + kk, wz);
-                    load16(wn_s + k0 + kk, wn);
-#pragma unroll
-                    for (int i = 0; i < MAXP; ++i) {
-                        const int b = bl + i * rb;
-                        if (b < B) {
-                            T hv[V];
-                            load16(h_s + b * KCP + kk, hv);
-                            gru_dot16(acc[i][0], wr, hv);
-                            gru_dot16(acc[i][1], wz, hv);
-                            gru_dot16(acc[i][2], wn, hv);
-                        }
-                    }
+                int kk = 0;
+                for (; kk + V < kcr; kk += 2 * V) {
+                    gru_fwd_pack<T, MAXP>(acc, wr_s, wz_s, wn_s, h_s, KCP, k0, kk, bl, rb, B);
+                    gru_fwd_pack<T, MAXP>(acc2, wr_s, wz_s, wn_s, h_s, KCP, k0, kk + V, bl, rb,
+                                          B);
                 }
+                if (kk < kcr)
+                    gru_fwd_pack<T, MAXP>(acc, wr_s, wz_s, wn_s, h_s, KCP, k0, kk, bl, rb, B);
             }
         }
+#pragma unroll
+        for (int i = 0; i < MAXP; ++i)
+#pragma unroll
+            for (int g = 0; g < 3; ++g) acc[i][g] += acc2[i][g];
         if (active) {
             T* h_next = hs + ((long long)d * S + (s + 1) % S) * BH;
 #pragma unroll
@@ -190,38 +216,54 @@ gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 }
             }
         }
+        if (s + 1 < steps) load_x(s + 1);
         gru_group_barrier(barrier + d, gridDim.x, target);
     }
 }
 
 // acc[i] = sum over r < 3H of dgh_step[b][r] * w_row[r], staged in chunks of KC
 template <typename T, int MAXP>
+__device__ __forceinline__ void gru_back_pack(T (&acc)[MAXP], const T* w_row, const T* g_s,
+                                              int KCP, int r0, int rr, int bl, int rb, int B) {
+    constexpr int V = Pack16<T>::N;
+    T wv[V];
+    load16(w_row + r0 + rr, wv);
+#pragma unroll
+    for (int i = 0; i < MAXP; ++i) {
+        const int b = bl + i * rb;
+        if (b < B) {
+            T gv[V];
+            load16(g_s + b * KCP + rr, gv);
+            gru_dot16(acc[i], wv, gv);
+        }
+    }
+}
+
+// acc[i] = sum over r < 3H of dgh_step[b][r] * w_row[r], staged in chunks of KC; even and
+// odd packs in two partial sums, added at the end
+template <typename T, int MAXP>
 __device__ __forceinline__ void gru_back_product(T (&acc)[MAXP], T* g_s, int KCP,
                                                  const T* w_row, const T* dgh_step, int B,
                                                  int H, int KC, int bl, int rb, bool active) {
     constexpr int V = Pack16<T>::N;
+    T acc2[MAXP];
 #pragma unroll
-    for (int i = 0; i < MAXP; ++i) acc[i] = T(0);
+    for (int i = 0; i < MAXP; ++i) acc[i] = acc2[i] = T(0);
     for (int r0 = 0; r0 < 3 * H; r0 += KC) {
         const int rc = min(KC, 3 * H - r0);
         gru_stage(g_s, KCP, dgh_step, 3LL * H, B, r0, rc);
         if (active) {
             const int rcr = gru_round_up(rc, V);
-            for (int rr = 0; rr < rcr; rr += V) {
-                T wv[V];
-                load16(w_row + r0 + rr, wv);
-#pragma unroll
-                for (int i = 0; i < MAXP; ++i) {
-                    const int b = bl + i * rb;
-                    if (b < B) {
-                        T gv[V];
-                        load16(g_s + b * KCP + rr, gv);
-                        gru_dot16(acc[i], wv, gv);
-                    }
-                }
+            int rr = 0;
+            for (; rr + V < rcr; rr += 2 * V) {
+                gru_back_pack<T, MAXP>(acc, w_row, g_s, KCP, r0, rr, bl, rb, B);
+                gru_back_pack<T, MAXP>(acc2, w_row, g_s, KCP, r0, rr + V, bl, rb, B);
             }
+            if (rr < rcr) gru_back_pack<T, MAXP>(acc, w_row, g_s, KCP, r0, rr, bl, rb, B);
         }
     }
+#pragma unroll
+    for (int i = 0; i < MAXP; ++i) acc[i] += acc2[i];
 }
 
 template <typename T, int MAXP>
@@ -257,10 +299,11 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
     }
     const T* dgh_d = dgh + (long long)d * steps * B * H3;
     unsigned int target = 0;
-    for (int s = steps - 1; s >= 0; --s) {
+    // what S1 reads besides the carry does not depend on the recurrence: step s - 1's is
+    // loaded before the barrier that ends step s
+    T g_r[MAXP], g_z[MAXP], g_n[MAXP], g_hn[MAXP], h_old[MAXP], dy_v[MAXP];
+    auto load_s1 = [&](int s) {
         const int t = d == 0 ? s : steps - 1 - s;
-        // what S1 reads besides the carry: loaded before the product
-        T g_r[MAXP], g_z[MAXP], g_n[MAXP], g_hn[MAXP], h_old[MAXP], dy_v[MAXP];
 #pragma unroll
         for (int i = 0; i < MAXP; ++i) {
             const int b = bl + i * rb;
@@ -274,6 +317,10 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
             h_old[i] = ok ? hs[((long long)d * (steps + 1) + s) * BH + bb * H + j] : T(0);
             dy_v[i] = ok ? dy[((long long)t * B + bb) * D * H + (long long)d * H + j] : T(0);
         }
+    };
+    load_s1(steps - 1);
+    for (int s = steps - 1; s >= 0; --s) {
+        const int t = d == 0 ? s : steps - 1 - s;
         if (s < steps - 1) {
             T acc[MAXP];
             gru_back_product<T, MAXP>(acc, g_s, KCP, w_row, dgh_d + (long long)(s + 1) * B * H3,
@@ -302,6 +349,7 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                 dhz[i] = dhv * z;
             }
         }
+        if (s > 0) load_s1(s - 1);
         gru_group_barrier(barrier + d, gridDim.x, target);
     }
     T acc[MAXP];
