@@ -4,7 +4,7 @@
 
 For each shape, float32, a train step (forward + backward with a given dy, no dh_n) and a
 forward-only inference pass, timed for
-  - ours: every entry of OURS (the per-step path; a faster path joins as one more entry),
+  - ours: every entry of OURS (path="fast", the persistent kernels, and path="steps"),
   - cuDNN FP32 strict (torch.backends.cudnn.allow_tf32 = False) and cuDNN with TF32 (torch's
     default), through torch.nn.GRU,
   - the naive per-step loop of torch ops with autograd (unidirectional shapes only).
@@ -12,8 +12,9 @@ Device times are medians of CUDA-event intervals around back-to-back calls (benc
 Ratios are baseline time / our time: above 1, ours is faster. Also reported: our host time
 per step (the Python issuing one step's launches, GPU idle at the start, no sync), where the
 per-step GPU time goes (one recurrent GEMM and one pointwise kernel each way, timed alone),
-the peak memory of a train step for S3 and S9, and the CPU fallback against torch's CPU GRU
-on S1 and S2. Writes DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
+the fast path's split per shape and its limits on the device, the peak memory of a train
+step for S3 and S9, and the CPU fallback against torch's CPU GRU on S1 and S2. Writes
+DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
 """
 from __future__ import annotations
 
@@ -223,6 +224,40 @@ def step_costs(p, repeat):
     return out
 
 
+def fast_limits(batches=(1, 64), h_max=16384):
+    """Largest H with a fast-path split (cugru.gru.fast_plan), per dtype, directions and B."""
+    from cugru import gru
+    out = []
+    for dtype in (np.float32, np.float64):
+        for D in (1, 2):
+            for B in batches:
+                lo, hi = 0, h_max
+                while lo < hi:                     # largest H in [0, h_max] that fits
+                    mid = (lo + hi + 1) // 2
+                    if gru.fast_plan(B, mid, D, dtype) is not None:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                plan = gru.fast_plan(B, lo, D, dtype) if lo else None
+                out.append({"dtype": np.dtype(dtype).name, "D": D, "B": B, "max_H": lo,
+                            "scope": plan.scope if plan else "-",
+                            "blocks": plan.blocks * D if plan else 0,
+                            "block_scope_max_H": _block_limit(gru, B, D, dtype)})
+    return out
+
+
+def _block_limit(gru, B, D, dtype):
+    """Largest H that fast_plan runs in one block per direction."""
+    best = 0
+    for H in range(1, 513):
+        plan = gru.fast_plan(B, H, D, dtype)
+        if plan is not None and plan.scope == "block":
+            best = H
+        elif best and H > 2 * best:
+            break
+    return best
+
+
 def peak_memory(p, torch):
     """Bytes allocated beyond the inputs during one train step: ours (CuPy pool high-water
     mark) and cuDNN's (torch.cuda.max_memory_allocated)."""
@@ -345,7 +380,7 @@ def _table(rows, kind, bases):
     return lines
 
 
-def markdown(rows, device):
+def markdown(rows, device, limits=None):
     bases = ["cuDNN strict", "cuDNN TF32", "naive torch loop"]
     lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
              "back-to-back calls. Ratio = baseline time / our time (> 1: ours is faster). "
@@ -388,6 +423,17 @@ def markdown(rows, device):
                      f"{r['host']['steps']:.1f} | {r['host']['steps, CuPy launch']:.1f} | "
                      + " | ".join(f"{r['steps'][k][0]:.1f} / {r['steps'][k][1]:.1f}"
                                   for k in pieces) + f" | {floor:.1f} |")
+    if limits:
+        lines += ["", "### Fast path limits on this GPU", "",
+                  "Largest H for which cugru.gru.fast_plan finds a split (binary search up to "
+                  "16384; path='auto' also needs B*3H*H <= FAST_AUTO_MAX_WORK), with the scope "
+                  "and block count there, and the largest H it runs in one block per "
+                  "direction.", "",
+                  "| dtype | directions | B | largest H | scope there | blocks there | "
+                  "largest H in one block |", "|---|---|---|---|---|---|---|"]
+        for L in limits:
+            lines.append(f"| {L['dtype']} | {L['D']} | {L['B']} | {L['max_H']} | {L['scope']} | "
+                         f"{L['blocks']} | {L['block_scope_max_H']} |")
     mem = [r for r in rows if "memory" in r]
     if mem:
         lines += ["", "### Peak memory of a train step beyond its inputs (MiB, path='auto')", "",
@@ -448,12 +494,13 @@ def main(argv=None) -> int:
     import cupy as cp
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     rows = run(args.shapes.split(","), args.repeat, cpu=not args.no_cpu)
-    table = markdown(rows, dev)
+    limits = fast_limits()
+    table = markdown(rows, dev, limits)
     print(table)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gru-bench.json"), "w") as f:
-            json.dump({"device": dev, "rows": rows}, f, indent=1)
+            json.dump({"device": dev, "rows": rows, "fast_limits": limits}, f, indent=1)
         with open(os.path.join(args.out, "gru-bench.md"), "w") as f:
             f.write(table)
         plot(rows, os.path.join(args.out, "gru-ratios.png"))

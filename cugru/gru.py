@@ -5,8 +5,9 @@ after it, and the layouts of every buffer (kernels/gru.cu has them):
 
 fast      (kernels/gru_persist.cu) the whole recurrence in one launch per pass: each block
           keeps its slice of W_hh in shared memory for all steps, and the blocks of a
-          direction wait for each other at a barrier every step. Chosen by fast_plan() when
-          the weights fit the device (path="auto"); path="fast" requires it.
+          direction wait for each other at a barrier every step. path="auto" takes it where
+          fast_plan() finds a split that fits the device and the work per step is at most
+          FAST_AUTO_MAX_WORK; path="fast" requires only the fit.
 steps     the per-step structure, for every shape (path="steps"):
 
 forward   one GEMM projects every step's input, x (T*B, I) by W_ih of both directions;
@@ -58,6 +59,11 @@ FAST_LDS_CYCLES = 4
 FAST_FMA_LATENCY = 4
 FAST_L2_BYTES_PER_CYCLE = 3000
 FAST_BARRIER_CYCLES = 2000
+#: path="auto" takes the fast path up to this much recurrent work per step and direction
+#: (B * 3H * H multiply-adds), the per-step path beyond: measured on an H100 (see
+#: docs/performance.md), the fast path won up to S5/S6 and tied on S3 (12.6 M), and the
+#: per-step path's cuBLAS products won from S8 (50 M) on
+FAST_AUTO_MAX_WORK = 1 << 24
 PATHS = ("auto", "fast", "steps")
 
 
@@ -168,7 +174,7 @@ def _choose(path, B, H, D, dtype):
     """The FastPlan to run, or None for the per-step path."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if path == "steps":
+    if path == "steps" or (path == "auto" and B * 3 * H * H > FAST_AUTO_MAX_WORK):
         return None
     plan = fast_plan(B, H, D, dtype)
     if plan is None and path == "fast":

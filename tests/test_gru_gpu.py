@@ -143,6 +143,22 @@ def test_fast_path_repeats_its_bits(cp, rng, shape):
             cp.testing.assert_array_equal(a, b)
 
 
+def test_auto_takes_the_fast_path_up_to_its_work_limit(cp, monkeypatch):
+    chosen = []
+    monkeypatch.setattr(gru_module, "_forward_gpu",
+                        lambda *a: chosen.append(a[-1]) or (None, None, None, None))
+    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 64, 3))
+    small = chosen[-1]
+    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 512, 3))
+    assert small is not None and chosen[-1] is None     # S8's work: the per-step path
+    assert 64 * 3 * 512 * 512 > gru_module.FAST_AUTO_MAX_WORK >= 64 * 3 * 64 * 64
+
+
+def _zero_weights(cp, H, I):
+    z = lambda *s: cp.zeros(s, np.float32)  # noqa: E731
+    return z(1, 3 * H, I), z(1, 3 * H, H), z(1, 3 * H), z(1, 3 * H)
+
+
 def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     # one block per direction while the work is small, a barrier across blocks beyond
     assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
@@ -218,5 +234,10 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid,
     cudnn32 = (cudnn32[0], cudnn32[1]) + cudnn32[2]
     ours32 = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path=path)]
     assert_within(ours32, ref, cudnn32, np.float32, OUT_NAMES)
+    if path == "fast" and gru_module.fast_plan(B, H, 2 if bi else 1, np.float64) is None:
+        # float64 needs twice the shared memory: this shape does not fit the fast path
+        with pytest.raises(ValueError, match="do not fit the fast path"):
+            run(to_gpu(cp, p), path=path)
+        path = "steps"
     ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p), path=path)]
     assert_within(ours64, ref, ref, np.float64, OUT_NAMES)
