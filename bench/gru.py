@@ -4,7 +4,7 @@
 
 For each shape, float32, a train step (forward + backward with a given dy, no dh_n) and a
 forward-only inference pass, timed for
-  - ours: every entry of OURS (the per-step path; a faster path joins as one more entry),
+  - ours: every entry of OURS (path="fast", the persistent kernels, and path="steps"),
   - cuDNN FP32 strict (torch.backends.cudnn.allow_tf32 = False) and cuDNN with TF32 (torch's
     default), through torch.nn.GRU,
   - the naive per-step loop of torch ops with autograd (unidirectional shapes only).
@@ -12,8 +12,9 @@ Device times are medians of CUDA-event intervals around back-to-back calls (benc
 Ratios are baseline time / our time: above 1, ours is faster. Also reported: our host time
 per step (the Python issuing one step's launches, GPU idle at the start, no sync), where the
 per-step GPU time goes (one recurrent GEMM and one pointwise kernel each way, timed alone),
-the peak memory of a train step for S3 and S9, and the CPU fallback against torch's CPU GRU
-on S1 and S2. Writes DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
+the fast path's split per shape and its limits on the device, the peak memory of a train
+step for S3 and S9, and the CPU fallback against torch's CPU GRU on S1 and S2. Writes
+DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ SHAPES = {
 }
 MEMORY_SHAPES = ("S3", "S9")
 CPU_SHAPES = ("S1", "S2")
-#: our implementations: label -> settings of cugru.gru (module attributes) while it runs
-OURS = {"ours": {"PLAIN_LAUNCH": False}}
+#: our implementations: label -> the path= they run (the first is the one ratios are of)
+OURS = {"fast": "fast", "steps": "steps"}
 
 
 def make_problem(T, B, I, H, bi, seed=0):
@@ -69,20 +70,39 @@ class _Settings:
             setattr(self.mod, k, v)
 
 
-def ours_calls(p, xp, settings):
+def ours_calls(p, xp, path="auto", settings=None):
     import cugru
     a = {k: xp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
+    settings = settings or {}
+    kw = {} if xp is np else {"path": path}
 
     def train():
         with _Settings(**settings):
-            y, hn, saved = cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"])
-            return cugru.gru_backward(a["dy"], None, saved)
+            y, hn, saved = cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"], **kw)
+            return cugru.gru_backward(a["dy"], None, saved, **kw)
 
     def infer():
         with _Settings(**settings):
-            return cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"], training=False)
+            return cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"], training=False,
+                                     **kw)
     return train, infer
+
+
+def fast_info(p):
+    """The fast path's plan for a problem, with the kernels' registers (None: no plan)."""
+    from cugru import gru
+    T, B, I = p["x"].shape
+    D, G, H = p["w_hh"].shape
+    plan = gru.fast_plan(B, H, D, np.float32)
+    if plan is None:
+        return None
+    regs = [gru._persist_kernel(name, smem).num_regs for name, smem in
+            ((f"gru_persist_forward<float,{plan.rows_per_thread},true>", plan.smem_fwd),
+             (f"gru_persist_backward<float,{plan.rows_per_thread}>", plan.smem_bwd))]
+    return {"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
+            "rows_per_thread": plan.rows_per_thread, "smem": max(plan.smem_fwd, plan.smem_bwd),
+            "regs": regs, "h_bytes_per_step": plan.blocks * D * B * H * 4}
 
 
 def torch_gru_calls(torch, p, device, tf32):
@@ -204,12 +224,46 @@ def step_costs(p, repeat):
     return out
 
 
+def fast_limits(batches=(1, 64), h_max=16384):
+    """Largest H with a fast-path split (cugru.gru.fast_plan), per dtype, directions and B."""
+    from cugru import gru
+    out = []
+    for dtype in (np.float32, np.float64):
+        for D in (1, 2):
+            for B in batches:
+                lo, hi = 0, h_max
+                while lo < hi:                     # largest H in [0, h_max] that fits
+                    mid = (lo + hi + 1) // 2
+                    if gru.fast_plan(B, mid, D, dtype) is not None:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                plan = gru.fast_plan(B, lo, D, dtype) if lo else None
+                out.append({"dtype": np.dtype(dtype).name, "D": D, "B": B, "max_H": lo,
+                            "scope": plan.scope if plan else "-",
+                            "blocks": plan.blocks * D if plan else 0,
+                            "block_scope_max_H": _block_limit(gru, B, D, dtype)})
+    return out
+
+
+def _block_limit(gru, B, D, dtype):
+    """Largest H that fast_plan runs in one block per direction."""
+    best = 0
+    for H in range(1, 513):
+        plan = gru.fast_plan(B, H, D, dtype)
+        if plan is not None and plan.scope == "block":
+            best = H
+        elif best and H > 2 * best:
+            break
+    return best
+
+
 def peak_memory(p, torch):
     """Bytes allocated beyond the inputs during one train step: ours (CuPy pool high-water
     mark) and cuDNN's (torch.cuda.max_memory_allocated)."""
     import cupy as cp
     pool = cp.get_default_memory_pool()
-    train, _ = ours_calls(p, cp, OURS["ours"])
+    train, _ = ours_calls(p, cp, "auto")
     cp.cuda.Device().synchronize()
     pool.free_all_blocks()
     base = pool.used_bytes()
@@ -231,7 +285,7 @@ def peak_memory(p, torch):
 
 def cpu_fallback(p, torch, repeat=3):
     """The numpy train step against torch's CPU nn.GRU (float32), in ms."""
-    train, _ = ours_calls(p, np, {})
+    train, _ = ours_calls(p, np)
     res = {"ours (numpy)": _wall_ms(train, repeat)}
     if torch is not None:
         t_train, _ = torch_gru_calls(torch, p, "cpu", False)
@@ -257,13 +311,16 @@ def run(shape_ids, repeat, cpu=True):
         T, B, I, H, bi = SHAPES[sid]
         p = make_problem(T, B, I, H, bi)
         row = {"id": sid, "shape": [T, B, I, H, bi], "train": {}, "infer": {}, "host": {}}
-        for label, settings in OURS.items():
-            train, infer = ours_calls(p, cp, settings)
+        row["fast"] = fast_info(p)
+        for label, path in OURS.items():
+            if path == "fast" and row["fast"] is None:
+                continue
+            train, infer = ours_calls(p, cp, path)
             row["train"][label] = suite.gpu_time_us(train, n_repeat=repeat) / 1e3
             row["infer"][label] = suite.gpu_time_us(infer, n_repeat=repeat) / 1e3
             row["host"][label] = host_us_per_step(train, T)
-        plain_train, _ = ours_calls(p, cp, {"PLAIN_LAUNCH": True})
-        row["host"]["ours, CuPy launch"] = host_us_per_step(plain_train, T)
+        plain_train, _ = ours_calls(p, cp, "steps", {"PLAIN_LAUNCH": True})
+        row["host"]["steps, CuPy launch"] = host_us_per_step(plain_train, T)
         if torch is not None:
             for label, tf32 in (("cuDNN strict", False), ("cuDNN TF32", True)):
                 train, infer = torch_gru_calls(torch, p, "cuda", tf32)
@@ -288,43 +345,69 @@ def geomean(values):
 
 
 def ratios(rows, kind, ours, base):
-    return [r[kind][base] / r[kind][ours] if base in r[kind] else None for r in rows]
+    return [r[kind][base] / r[kind][ours] if base in r[kind] and ours in r[kind] else None
+            for r in rows]
 
 
-def markdown(rows, device):
-    ours_labels = list(OURS)
-    bases = ["cuDNN strict", "cuDNN TF32", "naive torch loop"]
-    lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
-             "back-to-back calls. Ratio = baseline time / our time (> 1: ours is faster).", "",
-             "### Train step (forward + backward)", "",
-             "| id | T, B, I, H, bi | " + " | ".join(f"{o} (ms)" for o in ours_labels)
-             + " | " + " | ".join(f"{b} (ms), ratio" for b in bases) + " |",
-             "|---|---|" + "---|" * (len(ours_labels) + len(bases))]
+def _table(rows, kind, bases):
+    ours = list(OURS)
+    head = ("| id | T, B, I, H, bi | " + " | ".join(f"{o} (ms)" for o in ours) + " | "
+            + " | ".join(f"{b} (ms) | {b} / {o}" for b in bases for o in ours[:1]) + " | "
+            + " | ".join(f"{b} / {o}" for b in bases for o in ours[1:]) + " |")
+    n = len(ours) + 2 * len(bases) + len(bases) * (len(ours) - 1)
+    lines = [head, "|---|---|" + "---|" * n]
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in rows:
-        o = ours_labels[0]
-        cells = [f"{r['train'][x]:.3f}" for x in ours_labels]
-        cells += [f"{r['train'][b]:.3f}, {r['train'][b] / r['train'][o]:.2f}x" if b in r["train"]
-                  else "-" for b in bases]
+        cells = [fmt(r[kind].get(o), ".3f") for o in ours]
+        for b in bases:
+            t = r[kind].get(b)
+            cells += [fmt(t, ".3f"), fmt(t / r[kind][ours[0]] if t and ours[0] in r[kind]
+                                         else None, ".2f") + ("x" if t and ours[0] in r[kind] else "")]
+        for b in bases:
+            for o in ours[1:]:
+                t = r[kind].get(b)
+                cells.append(fmt(t / r[kind][o] if t and o in r[kind] else None, ".2f")
+                             + ("x" if t and o in r[kind] else ""))
         lines.append(f"| {r['id']} | {', '.join(str(v) for v in r['shape'])} | "
                      + " | ".join(cells) + " |")
-    for o in ours_labels:
-        lines.append(f"| geomean ({o}) | | | " + " | ".join(
-            f"{geomean(ratios(rows, 'train', o, b)):.2f}x" for b in bases) + " |")
-    lines += ["", "### Inference (forward only, no history kept)", "",
-              "| id | " + " | ".join(f"{o} (ms)" for o in ours_labels)
-              + " | cuDNN strict (ms), ratio | cuDNN TF32 (ms), ratio |",
-              "|---|" + "---|" * (len(ours_labels) + 2)]
-    for r in rows:
-        o = ours_labels[0]
-        cells = [f"{r['infer'][x]:.3f}" for x in ours_labels]
-        cells += [f"{r['infer'][b]:.3f}, {r['infer'][b] / r['infer'][o]:.2f}x"
-                  if b in r["infer"] else "-" for b in bases[:2]]
-        lines.append(f"| {r['id']} | " + " | ".join(cells) + " |")
-    for o in ours_labels:
-        lines.append(f"| geomean ({o}) | | " + " | ".join(
-            f"{geomean(ratios(rows, 'infer', o, b)):.2f}x" for b in bases[:2]) + " |")
+    cells = ["" for _ in ours]
+    for b in bases:
+        cells += ["", f"{geomean(ratios(rows, kind, ours[0], b)):.2f}x"]
+    for b in bases:
+        for o in ours[1:]:
+            cells.append(f"{geomean(ratios(rows, kind, o, b)):.2f}x")
+    lines.append("| geomean | | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(rows, device, limits=None):
+    bases = ["cuDNN strict", "cuDNN TF32", "naive torch loop"]
+    lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
+             "back-to-back calls. Ratio = baseline time / our time (> 1: ours is faster). "
+             "fast = the persistent kernels (path='fast'), steps = the per-step path.", "",
+             "### Train step (forward + backward)", ""]
+    lines += _table(rows, "train", bases)
+    lines += ["", "### Inference (forward only, no history kept)", ""]
+    lines += _table(rows, "infer", bases[:2])
+    fast = [r for r in rows if r.get("fast")]
+    if fast:
+        lines += ["", "### The fast path per shape", "",
+                  "Time per step = the pass's time / T (the input GEMM, and for the train step "
+                  "the weight-gradient GEMMs, included). h read per step = bytes of h (or of "
+                  "d_gate_h, 3x) that the blocks of a step read from L2, every block reading "
+                  "its direction's whole vector.", "",
+                  "| id | scope | blocks | units per block | rows per thread | registers fwd / bwd "
+                  "| shared memory (KiB) | inference µs/step | train µs/step | h read per step (KiB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in fast:
+            f, T = r["fast"], r["shape"][0]
+            lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['units']} | "
+                         f"{f['rows_per_thread']} | {f['regs'][0]} / {f['regs'][1]} | "
+                         f"{f['smem'] / 1024:.0f} | {r['infer']['fast'] * 1e3 / T:.2f} | "
+                         f"{r['train']['fast'] * 1e3 / T:.2f} | "
+                         f"{f['h_bytes_per_step'] / 1024:.0f} |")
     pieces = list(rows[0]["steps"]) if rows else []
-    lines += ["", "### Where a step's time goes (ours, µs)", "",
+    lines += ["", "### Where a step's time goes (the per-step path, µs)", "",
               "measured µs/step = train step time / T (forward and backward of one step). "
               "Host µs/step = the Python issuing the train step, per step, GPU idle at the "
               "start. Each piece of a step is timed alone as host issue time / device time "
@@ -336,20 +419,30 @@ def markdown(rows, device):
     for r in rows:
         T = r["shape"][0]
         floor = sum(r["steps"][k][1] for k in pieces)
-        lines.append(f"| {r['id']} | {r['train']['ours'] * 1e3 / T:.1f} | "
-                     f"{r['host']['ours']:.1f} | {r['host']['ours, CuPy launch']:.1f} | "
+        lines.append(f"| {r['id']} | {r['train']['steps'] * 1e3 / T:.1f} | "
+                     f"{r['host']['steps']:.1f} | {r['host']['steps, CuPy launch']:.1f} | "
                      + " | ".join(f"{r['steps'][k][0]:.1f} / {r['steps'][k][1]:.1f}"
                                   for k in pieces) + f" | {floor:.1f} |")
+    if limits:
+        lines += ["", "### Fast path limits on this GPU", "",
+                  "Largest H for which cugru.gru.fast_plan finds a split (binary search up to "
+                  "16384; path='auto' also needs B*3H*H <= FAST_AUTO_MAX_WORK), with the scope "
+                  "and block count there, and the largest H it runs in one block per "
+                  "direction.", "",
+                  "| dtype | directions | B | largest H | scope there | blocks there | "
+                  "largest H in one block |", "|---|---|---|---|---|---|---|"]
+        for L in limits:
+            lines.append(f"| {L['dtype']} | {L['D']} | {L['B']} | {L['max_H']} | {L['scope']} | "
+                         f"{L['blocks']} | {L['block_scope_max_H']} |")
     mem = [r for r in rows if "memory" in r]
     if mem:
-        lines += ["", "### Peak memory of a train step beyond its inputs (MiB)", "",
+        lines += ["", "### Peak memory of a train step beyond its inputs (MiB, path='auto')", "",
                   "| id | ours (CuPy pool high-water mark) | cuDNN (torch max allocated) |",
                   "|---|---|---|"]
         for r in mem:
             m = r["memory"]
             lines.append(f"| {r['id']} | {m['ours'] / 2**20:.1f} | "
-                         f"{m['cuDNN'] / 2**20:.1f} |" if "cuDNN" in m else
-                         f"| {r['id']} | {m['ours'] / 2**20:.1f} | - |")
+                         + (f"{m['cuDNN'] / 2**20:.1f} |" if "cuDNN" in m else "- |"))
     cpu = [r for r in rows if "cpu" in r]
     if cpu:
         lines += ["", "### CPU fallback: train step on the host CPU (ms)", "",
@@ -375,14 +468,16 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(series)
     for k, (kind, base) in enumerate(series):
-        vals = [r[kind][base] / r[kind]["ours"] if base in r[kind] else 0 for r in rows]
+        o = next(iter(OURS))
+        vals = [r[kind][base] / r[kind][o] if base in r[kind] and o in r[kind] else 0
+                for r in rows]
         ax.bar([i + (k - 1.5) * width for i in range(len(ids))], vals, width,
-               label=f"{kind}: {base} / ours")
+               label=f"{kind}: {base} / ours ({o})")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(ids)), ids)
     ax.set_ylabel("speed-up of ours (log)")
-    ax.set_title("cugru per-step path against cuDNN, float32 (> 1: ours faster)")
+    ax.set_title("cugru against cuDNN, float32 (> 1: ours faster)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -399,12 +494,13 @@ def main(argv=None) -> int:
     import cupy as cp
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     rows = run(args.shapes.split(","), args.repeat, cpu=not args.no_cpu)
-    table = markdown(rows, dev)
+    limits = fast_limits()
+    table = markdown(rows, dev, limits)
     print(table)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gru-bench.json"), "w") as f:
-            json.dump({"device": dev, "rows": rows}, f, indent=1)
+            json.dump({"device": dev, "rows": rows, "fast_limits": limits}, f, indent=1)
         with open(os.path.join(args.out, "gru-bench.md"), "w") as f:
             f.write(table)
         plot(rows, os.path.join(args.out, "gru-ratios.png"))

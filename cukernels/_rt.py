@@ -53,6 +53,9 @@ FF_PACKS_PER_THREAD = 4
 COL_UNROLL = 32
 #: threads per block of the softmax kernels whose rows take G <= 32 threads
 SOFTMAX_GROUP_THREADS = 256
+#: batch rows per thread that the persistent GRU kernels are built for, per element type
+#: (double with 8 rows spills registers)
+GRU_MAXP = {"float": (1, 2, 4, 8), "double": (1, 2, 4)}
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -73,12 +76,15 @@ def _registry() -> dict[str, tuple[str, ...]]:
         "dense.cu": tuple(f"{k}<{c}>" for k in DENSE_KERNELS for c in t),
         "gru.cu": tuple([f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
                         + [f"gru_backward_step<{c}>" for c in t]),
+        "gru_persist.cu": tuple(
+            [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
+            + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]),
     }
 
 
 REGISTRY = _registry()
 #: the folder of each registered source (cukernels' own unless listed)
-SOURCE_DIRS = {"gru.cu": GRU_KERNEL_DIR}
+SOURCE_DIRS = {"gru.cu": GRU_KERNEL_DIR, "gru_persist.cu": GRU_KERNEL_DIR}
 
 
 def ctype(dtype) -> str:
@@ -265,19 +271,9 @@ class StepLoop:
                    self._scalars[1.0].ctypes.data, A, lda, sA, B, ldb, sB,
                    self._scalars[float(beta)].ctypes.data, C, ldc, sC, batch)
 
-    def kernel(self, func, grid, block, args, step_arg):
-        """A callable launch(step) of `func` with `args` (cupy arrays and numpy int32/int64/
-        float32/float64 scalars); args[step_arg] is an int32 replaced by the step."""
+    def _pack(self, args):
+        """ctypes values for `args` and the parameter array that points at them."""
         cp = cupy_module()
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
-        if self.plain:
-            args = list(args)
-
-            def launch(step):
-                args[step_arg] = np.int32(step)
-                func(grid, block, tuple(args))
-            return launch
         ct = self._ctypes
         convert = {np.int32: ct.c_int32, np.int64: ct.c_int64, np.float32: ct.c_float,
                    np.float64: ct.c_double}
@@ -289,13 +285,31 @@ class StepLoop:
                 values.append(convert[type(a)](a.item()))
             else:
                 raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
-        if type(values[step_arg]) is not ct.c_int32:
-            raise TypeError("the step argument must be an int32")
         params = (ct.c_void_p * len(values))(*[ct.addressof(v) for v in values])
+        return values, params
+
+    @staticmethod
+    def _dims(grid, block):
+        return tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+
+    def kernel(self, func, grid, block, args, step_arg):
+        """A callable launch(step) of `func` with `args` (cupy arrays and numpy int32/int64/
+        float32/float64 scalars); args[step_arg] is an int32 replaced by the step."""
+        grid, block = self._dims(grid, block)
+        if self.plain:
+            args = list(args)
+
+            def launch(step):
+                args[step_arg] = np.int32(step)
+                func(grid, block, tuple(args))
+            return launch
+        values, params = self._pack(args)
+        if type(values[step_arg]) is not self._ctypes.c_int32:
+            raise TypeError("the step argument must be an int32")
         # a RawKernel holds its CUfunction in .kernel (a cupy.cuda.Function, with .ptr)
         step, fptr, stream, launch_kernel = values[step_arg], func.kernel.ptr, self.stream, \
             self._launch_kernel
-        address = ct.addressof(params)
+        address = self._ctypes.addressof(params)
         keep = (values, params, args)
 
         def launch(step_value, _keep=keep):
@@ -303,6 +317,21 @@ class StepLoop:
             launch_kernel(fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
                           stream, address, 0)
         return launch
+
+    def launch(self, func, grid, block, args, *, shared_mem=0, cooperative=False):
+        """Launch `func` once; cooperative: all blocks resident at once (the driver refuses a
+        grid that does not fit), as a kernel with a barrier across blocks needs."""
+        cp = cupy_module()
+        grid, block = self._dims(grid, block)
+        values, params = self._pack(args)
+        address = self._ctypes.addressof(params)
+        if cooperative:
+            cp.cuda.driver.launchCooperativeKernel(func.kernel.ptr, *grid, *block, shared_mem,
+                                                   self.stream, address)
+        else:
+            self._launch_kernel(func.kernel.ptr, *grid, *block, shared_mem, self.stream,
+                                address, 0)
+        del values, params   # the launch has copied the arguments
 
 
 # ---------------------------------------------------------------------- argument checks

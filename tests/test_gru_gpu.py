@@ -26,9 +26,11 @@ def to_gpu(cp, p):
     return {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
 
 
-def run(p, fn=cugru, dh_n=True):
-    y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"])
-    return (y, hn) + tuple(fn.gru_backward(p["dy"], p["dh_n"] if dh_n else None, saved))
+def run(p, fn=cugru, dh_n=True, path=None):
+    kw = {} if path is None else {"path": path}
+    y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"],
+                                  **kw)
+    return (y, hn) + tuple(fn.gru_backward(p["dy"], p["dh_n"] if dh_n else None, saved, **kw))
 
 
 def cast(p, dtype):
@@ -53,55 +55,63 @@ def assert_within(got, ref64, ref32, dtype, names):
 
 
 OUT_NAMES = ("y", "h_n") + NAMES
+PATHS = ["steps", "fast"]
+path_param = pytest.mark.parametrize("path", PATHS)
 
 
+@path_param
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no_h0"])
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("T,B,I,H", GPU_SHAPES)
-def test_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, dtype):
+def test_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, dtype, path):
     p = problem(rng, T, B, I, H, bidirectional, with_h0)
     ref = run(p, oracle)
     ref32 = run(cast(p, np.float32), oracle) if dtype == np.float32 else ref
-    got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)))]
+    got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path=path)]
     assert all(a.dtype == dtype for a in got)
     assert_within(got, ref, ref32, dtype, OUT_NAMES)
 
 
+@path_param
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-def test_inference_gives_the_training_outputs_bit_for_bit(cp, poison, rng, bidirectional):
+def test_inference_gives_the_training_outputs_bit_for_bit(cp, poison, rng, bidirectional, path):
     g = to_gpu(cp, problem(rng, 33, 3, 17, 130, bidirectional, dtype=np.float32))
     args = (g["x"], g["h0"], *weights(g))
-    y, hn, saved = cugru.gru_forward(*args, bidirectional=bidirectional, training=True)
-    y2, hn2, none = cugru.gru_forward(*args, bidirectional=bidirectional, training=False)
+    y, hn, saved = cugru.gru_forward(*args, bidirectional=bidirectional, training=True,
+                                     path=path)
+    y2, hn2, none = cugru.gru_forward(*args, bidirectional=bidirectional, training=False,
+                                      path=path)
     assert none is None
     cp.testing.assert_array_equal(y, y2)
     cp.testing.assert_array_equal(hn, hn2)
 
 
-def test_no_dh_n_and_flat_weights(cp, poison, rng):
+@path_param
+def test_no_dh_n_and_flat_weights(cp, poison, rng, path):
     p = problem(rng, 17, 3, 2, 33, False, with_h0=False)
     ref = run(p, oracle, dh_n=False)
     g = to_gpu(cp, p)
-    y, hn, saved = cugru.gru_forward(g["x"], None, *[w[0] for w in weights(g)])
-    grads = cugru.gru_backward(g["dy"], None, saved)
+    y, hn, saved = cugru.gru_forward(g["x"], None, *[w[0] for w in weights(g)], path=path)
+    grads = cugru.gru_backward(g["dy"], None, saved, path=path)
     assert [a.shape for a in grads[2:]] == [w.shape[1:] for w in weights(p)]
     got = [cp.asnumpy(a) for a in (y, hn, grads[0], grads[1])] + \
           [cp.asnumpy(a)[None] for a in grads[2:]]
     assert_within(got, ref, ref, np.float64, OUT_NAMES)
 
 
-def test_two_layer_stack_matches_oracle(cp, rng):
+@path_param
+def test_two_layer_stack_matches_oracle(cp, rng, path):
     p1 = problem(rng, 9, 4, 5, 7, True)
     p2 = problem(rng, 9, 4, 14, 6, False)
     outs = []
-    for lib, conv in ((oracle, lambda a: a), (cugru, cp.asarray)):
+    for lib, conv, kw in ((oracle, lambda a: a, {}), (cugru, cp.asarray, {"path": path})):
         a1, a2 = {k: conv(v) if isinstance(v, np.ndarray) else v for k, v in p1.items()}, \
                  {k: conv(v) if isinstance(v, np.ndarray) else v for k, v in p2.items()}
-        y1, h1, s1 = lib.gru_forward(a1["x"], a1["h0"], *weights(a1), bidirectional=True)
-        y2, h2, s2 = lib.gru_forward(y1, a2["h0"], *weights(a2))
-        g2 = lib.gru_backward(a2["dy"], a2["dh_n"], s2)
-        g1 = lib.gru_backward(g2[0], a1["dh_n"], s1)
+        y1, h1, s1 = lib.gru_forward(a1["x"], a1["h0"], *weights(a1), bidirectional=True, **kw)
+        y2, h2, s2 = lib.gru_forward(y1, a2["h0"], *weights(a2), **kw)
+        g2 = lib.gru_backward(a2["dy"], a2["dh_n"], s2, **kw)
+        g1 = lib.gru_backward(g2[0], a1["dh_n"], s1, **kw)
         outs.append([np.asarray(v if lib is oracle else cp.asnumpy(v))
                      for v in (y2, h2, h1) + tuple(g1) + tuple(g2[1:])])
     assert_within(outs[1], outs[0], outs[0], np.float64, [f"out{k}" for k in range(14)])
@@ -111,19 +121,83 @@ def test_two_layer_stack_matches_oracle(cp, rng):
 def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
     monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", plain)
     g = to_gpu(cp, problem(rng, 40, 64, 40, 128, True, dtype=np.float32))
-    first = run(g)
+    first = run(g, path="steps")
     for _ in range(2):
-        for a, b in zip(first, run(g)):
+        for a, b in zip(first, run(g, path="steps")):
             cp.testing.assert_array_equal(a, b)
     monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", not plain)
-    for a, b in zip(first, run(g)):   # both launch paths run the same kernels
+    for a, b in zip(first, run(g, path="steps")):   # both launch paths run the same kernels
         cp.testing.assert_array_equal(a, b)
 
 
-def test_long_sequence_stays_finite(cp):
+REPEAT_SHAPES = ([(6, 8, 4, 32, True), (5, 8, 4, 160, False)] if QUICK else
+                 [(40, 64, 40, 128, True), (20, 64, 40, 512, False), (30, 3, 5, 1024, True)])
+
+
+@pytest.mark.parametrize("shape", REPEAT_SHAPES, ids=["block", "grid", "wide"][:len(REPEAT_SHAPES)])
+def test_fast_path_repeats_its_bits(cp, rng, shape):
+    g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
+    first = run(g, path="fast")
+    for _ in range(3):
+        for a, b in zip(first, run(g, path="fast")):
+            cp.testing.assert_array_equal(a, b)
+
+
+def test_auto_takes_the_fast_path_up_to_its_work_limit(cp, monkeypatch):
+    chosen = []
+    monkeypatch.setattr(gru_module, "_forward_gpu",
+                        lambda *a: chosen.append(a[-1]) or (None, None, None, None))
+    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 64, 3))
+    small = chosen[-1]
+    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 512, 3))
+    assert small is not None and chosen[-1] is None     # S8's work: the per-step path
+    assert 64 * 3 * 512 * 512 > gru_module.FAST_AUTO_MAX_WORK >= 64 * 3 * 64 * 64
+
+
+def _zero_weights(cp, H, I):
+    z = lambda *s: cp.zeros(s, np.float32)  # noqa: E731
+    return z(1, 3 * H, I), z(1, 3 * H, H), z(1, 3 * H), z(1, 3 * H)
+
+
+def test_fast_plan_scopes_limits_and_fallback(cp, rng):
+    # one block per direction while the work is small, a barrier across blocks beyond
+    assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
+    assert gru_module.fast_plan(64, 1024, 2, np.float32).scope == "grid"
+    # a batch too large for the kernels' rows per thread: no plan; "fast" refuses, "auto"
+    # falls back to the per-step path
+    assert gru_module.fast_plan(5000, 4, 1, np.float32) is None
+    p = problem(rng, 3, 5000, 2, 4, False)
+    g = to_gpu(cp, p)
+    with pytest.raises(ValueError, match="do not fit the fast path"):
+        cugru.gru_forward(g["x"], g["h0"], *weights(g), path="fast")
+    with pytest.raises(ValueError, match="path must be one of"):
+        cugru.gru_forward(g["x"], g["h0"], *weights(g), path="persistent")
+    got = [cp.asnumpy(a) for a in run(g, path="auto")]
+    assert_within(got, run(p, oracle), run(p, oracle), np.float64, OUT_NAMES)
+
+
+def _scope_switch(B, D):
+    """The smallest H whose plan is not 'block' (the block scope's limit + 1)."""
+    return next(H for H in range(1, 2048)
+                if gru_module.fast_plan(B, H, D, np.float32).scope != "block")
+
+
+@pytest.mark.parametrize("B,D", [(1, 1), (4, 2)])
+def test_fast_path_on_both_sides_of_the_block_scope_limit(cp, rng, B, D):
+    H1 = _scope_switch(B, D)
+    for H, scope in ((H1 - 1, "block"), (H1, "grid")):
+        assert gru_module.fast_plan(B, H, D, np.float32).scope == scope
+        p = problem(rng, 4, B, 3, H, D == 2)
+        got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
+        assert_within(got, run(p, oracle), run(cast(p, np.float32), oracle), np.float32,
+                      OUT_NAMES)
+
+
+@path_param
+def test_long_sequence_stays_finite(cp, path):
     rng = np.random.default_rng(11)
     g = to_gpu(cp, problem(rng, LONG_T, 2, 3, 5, True, scale=1.0, dtype=np.float32))
-    out = run(g)
+    out = run(g, path=path)
     assert all(bool(cp.isfinite(a).all()) for a in out)
     assert float(cp.abs(out[0]).max()) <= max(1.0, float(cp.abs(g["h0"]).max()))
 
@@ -141,8 +215,9 @@ def test_numpy_mixed_with_cupy_is_a_type_error(cp, rng):
 CUDNN_SHAPES = ["S1", "S4"] if QUICK else list(BENCH_SHAPES)
 
 
+@path_param
 @pytest.mark.parametrize("sid", CUDNN_SHAPES)
-def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid):
+def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid, path):
     """Ours and cuDNN (FP32 strict), both float32, against cuDNN in float64 on the GPU."""
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
@@ -157,7 +232,12 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid)
         torch.backends.cudnn.allow_tf32 = allow
     ref = (ref[0], ref[1]) + ref[2]
     cudnn32 = (cudnn32[0], cudnn32[1]) + cudnn32[2]
-    ours32 = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))]
+    ours32 = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path=path)]
     assert_within(ours32, ref, cudnn32, np.float32, OUT_NAMES)
-    ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p))]
+    if path == "fast" and gru_module.fast_plan(B, H, 2 if bi else 1, np.float64) is None:
+        # float64 needs twice the shared memory: this shape does not fit the fast path
+        with pytest.raises(ValueError, match="do not fit the fast path"):
+            run(to_gpu(cp, p), path=path)
+        path = "steps"
+    ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p), path=path)]
     assert_within(ours64, ref, ref, np.float64, OUT_NAMES)

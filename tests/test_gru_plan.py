@@ -1,4 +1,4 @@
-"""The GPU path's plan checked without a GPU: every cuBLAS call and kernel index in cugru.gru.
+"""The per-step GPU path's plan checked without a GPU: every cuBLAS call and kernel index.
 
 CI has no GPU, so this runs cugru's GPU code path on the CPU with three stand-ins:
 device arrays are numpy arrays that expose ``.data.ptr``; ``StepLoop.gemm`` performs the
@@ -151,10 +151,10 @@ def test_gpu_path_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0)
     dims = (T, B, I, H, 2 if bi else 1)
     for training in (False, True):   # the history of the last (training) run is used below
         y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
-                                                   *map(dev, weights(p)), dims, training)
+                                                   *map(dev, weights(p)), dims, training, None)
         np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
     saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
-    got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims)
+    got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, None)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))

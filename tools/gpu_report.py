@@ -36,6 +36,8 @@ SANITIZER_TOOLS = {
     "racecheck": ("softmax or dense or article or repeatable or (gru and uni and h0) "
                   "or repeated_calls", ["--racecheck-report", "all"]),
     "initcheck": ("", []),
+    # the persistent GRU kernels' barriers
+    "synccheck": ("gru", []),
 }
 
 
