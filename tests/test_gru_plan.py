@@ -158,3 +158,28 @@ def test_gpu_path_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0)
     got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, None)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("B,H,D", [(1, 1, 1), (64, 64, 1), (64, 1024, 2), (256, 512, 2),
+                                   (3, 130, 2)])
+def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
+    """Every split cugru.gru._split offers fits a block: units <= threads, the batch rows
+    per thread a built instance, shared memory within the limit, every unit owned once."""
+    limit = 227 * 1024
+    ctype = "float" if itemsize == 4 else "double"
+    seen = 0
+    for blocks in range(1, H + 1):
+        plan = gru_module._split(B, H, D, blocks, itemsize, limit)
+        if plan is None:
+            continue
+        seen += 1
+        assert plan.units <= gru_module.FAST_THREADS
+        assert plan.rows_per_thread in _rt.GRU_MAXP[ctype]
+        assert plan.rows_per_thread * (gru_module.FAST_THREADS // plan.units) >= B
+        assert (plan.blocks - 1) * plan.units < H <= plan.blocks * plan.units
+        assert max(plan.smem_fwd, plan.smem_bwd) <= limit
+        assert plan.kc_fwd % (16 // itemsize) == 0 and plan.kc_bwd % (16 // itemsize) == 0
+        assert plan.kc_fwd <= -(-H // 4) * 4 and plan.kc_bwd <= -(-3 * H // 4) * 4
+        assert gru_module._cost(plan, B, H, D, itemsize) > 0
+    assert seen > 0
