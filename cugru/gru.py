@@ -3,7 +3,7 @@
 Two GPU paths share the input projection before the recurrence and the weight-gradient GEMMs
 after it, and the layouts of every buffer (kernels/gru.cu has them):
 
-fast      (kernels/gru_persist.cu) the whole recurrence in one launch per pass: each block
+fast      (kernels/gru.cu) the whole recurrence in one launch per pass: each block
           keeps its slice of W_hh in shared memory for all steps, and the blocks of a
           direction wait for each other at a barrier every step. path="auto" takes it where
           fast_plan() finds a split that fits the device and the work per step is at most
@@ -44,7 +44,7 @@ PLAIN_LAUNCH = False
 #: cuts it about WGRAD_CHUNKS-fold, with no extra memory and the same bits every run.
 WGRAD_CHUNKS = 8
 MIN_CHUNK_ROWS = 256
-#: threads per block of the persistent kernels (GRU_NT of gru_persist.cu)
+#: threads per block of the persistent kernels (GRU_NT of kernels/gru.cu)
 FAST_THREADS = 256
 #: shared memory a block of the persistent kernels may use for staging the step's vector
 #: (h forward, d_gate_h backward): the whole vector when it fits, else chunks of this size
@@ -164,7 +164,7 @@ def _resident_blocks(plan, dtype, device_id):
 
 
 def _persist_kernel(name, shared_mem):
-    fn = _rt.kernel("gru_persist.cu", name)
+    fn = _rt.kernel("gru.cu", name)
     if shared_mem > fn.max_dynamic_shared_size_bytes:
         fn.max_dynamic_shared_size_bytes = shared_mem
     return fn

@@ -74,17 +74,17 @@ def _registry() -> dict[str, tuple[str, ...]]:
         "optim.cu": tuple(f"{k}<{c},{b}>" for k in UPDATE_KERNELS for c in t for b in _BOOL),
         "softmax.cu": tuple(softmax),
         "dense.cu": tuple(f"{k}<{c}>" for k in DENSE_KERNELS for c in t),
-        "gru.cu": tuple([f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
-                        + [f"gru_backward_step<{c}>" for c in t]),
-        "gru_persist.cu": tuple(
-            [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
+        "gru.cu": tuple(
+            [f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
+            + [f"gru_backward_step<{c}>" for c in t]
+            + [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
             + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]),
     }
 
 
 REGISTRY = _registry()
 #: the folder of each registered source (cukernels' own unless listed)
-SOURCE_DIRS = {"gru.cu": GRU_KERNEL_DIR, "gru_persist.cu": GRU_KERNEL_DIR}
+SOURCE_DIRS = {"gru.cu": GRU_KERNEL_DIR}
 
 
 def ctype(dtype) -> str:
