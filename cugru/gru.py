@@ -64,7 +64,6 @@ FAST_BARRIER_CYCLES = 2000
 #: docs/performance.md), the fast path won up to S5/S6 and tied on S3 (12.6 M), and the
 #: per-step path's cuBLAS products won from S8 (50 M) on
 FAST_AUTO_MAX_WORK = 1 << 24
-PATHS = ("auto", "fast", "steps")
 
 
 @dataclass(frozen=True)
@@ -172,8 +171,7 @@ def _persist_kernel(name, shared_mem):
 
 def _choose(path, B, H, D, dtype):
     """The FastPlan to run, or None for the per-step path."""
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    oracle.check_path(path)
     if path == "steps" or (path == "auto" and B * 3 * H * H > FAST_AUTO_MAX_WORK):
         return None
     plan = fast_plan(B, H, D, dtype)
@@ -199,8 +197,7 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     """
     xp, training, dims, weights, squeeze = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh,
                                                         bidirectional, training)
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    oracle.check_path(path)
     if xp is np:
         return oracle.gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional=bidirectional,
                                   training=training)
@@ -218,8 +215,7 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     Returns dx (T, B, I), dh0 (D, B, H), dw_ih, dw_hh, db_ih, db_hh (the weights' shapes).
     Nothing of the forward pass is recomputed. path: as for gru_forward.
     """
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    oracle.check_path(path)
     xp, dims = backward_args(dy, dh_n, saved)
     if xp is np:
         return oracle.gru_backward(dy, dh_n, saved)

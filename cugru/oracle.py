@@ -22,6 +22,15 @@ import numpy as np
 from ._args import GruSaved, backward_args, forward_args, unsqueeze_grads
 
 
+#: the GPU paths gru_forward and gru_backward accept (cugru.gru runs them)
+PATHS = ("auto", "fast", "steps")
+
+
+def check_path(path):
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+
+
 def _sigmoid(v):
     with np.errstate(over="ignore"):     # exp(-v) = inf for v << 0 gives the right 0
         return 1 / (1 + np.exp(-v))
@@ -32,8 +41,11 @@ def _step_order(a, d):
     return a if d == 0 else a[::-1]
 
 
-def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True):
-    """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays."""
+def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
+                path="auto"):
+    """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
+    path; it is checked and has no effect here)."""
+    check_path(path)
     xp, training, (T, B, I, H, D), (w_ih, w_hh, b_ih, b_hh), squeeze = forward_args(
         x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
     if xp is not np:
@@ -61,8 +73,9 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     return y, h_n, saved
 
 
-def gru_backward(dy, dh_n, saved):
+def gru_backward(dy, dh_n, saved, *, path="auto"):
     """(dx, dh0, dw_ih, dw_hh, db_ih, db_hh) on numpy arrays, from gru_forward's `saved`."""
+    check_path(path)
     xp, (T, B, I, H, D) = backward_args(dy, dh_n, saved)
     if xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_backward for cupy")

@@ -218,3 +218,14 @@ def test_bad_backward_input_names_the_argument(rng):
         cugru.gru_backward(y, hn[:1], saved)
     with pytest.raises(TypeError, match="saved must be"):
         cugru.gru_backward(y, hn, (y, hn))
+
+
+def test_path_is_checked_on_the_cpu_too(rng):
+    args = _good(rng)
+    y, hn, saved = cugru.gru_forward(**args, path="fast")   # no effect on numpy arrays
+    y2, _, _ = oracle.gru_forward(**args, path="steps")
+    np.testing.assert_array_equal(y, y2)
+    with pytest.raises(ValueError, match="path must be one of"):
+        cugru.gru_forward(**args, path="gpu")
+    with pytest.raises(ValueError, match="path must be one of"):
+        cugru.gru_backward(y, hn, saved, path="cuda")
