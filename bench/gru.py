@@ -89,20 +89,84 @@ def ours_calls(p, xp, path="auto", settings=None):
     return train, infer
 
 
-def fast_info(p):
-    """The fast path's plan for a problem, with the kernels' registers (None: no plan)."""
+def fast_info(p, repeat=None):
+    """The fast path's plan for a problem, with the kernels' registers and, given `repeat`,
+    the measured time of one barrier of its scope on its grid (None: no plan)."""
     from cugru import gru
     T, B, I = p["x"].shape
     D, G, H = p["w_hh"].shape
     plan = gru.fast_plan(B, H, D, np.float32)
     if plan is None:
         return None
-    regs = [gru._persist_kernel(name, smem).num_regs for name, smem in
-            ((f"gru_persist_forward<float,{plan.rows_per_thread},true>", plan.smem_fwd),
-             (f"gru_persist_backward<float,{plan.rows_per_thread}>", plan.smem_bwd))]
-    return {"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
-            "rows_per_thread": plan.rows_per_thread, "smem": max(plan.smem_fwd, plan.smem_bwd),
-            "regs": regs, "h_bytes_per_step": plan.blocks * D * B * H * 4}
+    if isinstance(plan, gru.TilePlan):
+        names = (f"gru_tile_forward<float,{plan.cluster},true>",
+                 f"gru_tile_backward<float,{plan.cluster}>")
+        # every block receives its rows' whole vector through distributed shared memory
+        moved = D * plan.blocks * plan.rows * H * 4
+        info = {"cluster": plan.cluster, "rows": f"{plan.rows} per group", "lanes": plan.lanes}
+    else:
+        names = (f"gru_persist_forward<float,{plan.rows_per_thread},true>",
+                 f"gru_persist_backward<float,{plan.rows_per_thread}>")
+        moved = plan.blocks * D * B * H * 4     # every block reads its direction's h from L2
+        info = {"cluster": "-", "rows": f"{plan.rows_per_thread} per thread", "lanes": "-"}
+    regs = [gru._persist_kernel(name, smem).num_regs
+            for name, smem in zip(names, (plan.smem_fwd, plan.smem_bwd))]
+    info.update({"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
+                 "smem": max(plan.smem_fwd, plan.smem_bwd), "regs": regs,
+                 "h_bytes_per_step": moved})
+    if repeat:
+        info["barrier_us"] = barrier_us(plan, D, repeat)
+        info["phases_ms"] = fast_phases(p, plan, repeat)
+    return info
+
+
+def fast_phases(p, plan, repeat):
+    """Device ms of the fast path's train step by piece: the forward pass (history kept),
+    the backward recurrence (one launch) and the backward tail (dx and weight-gradient
+    GEMMs)."""
+    import cupy as cp
+
+    from cugru import gru
+    from cugru._args import GruSaved
+    a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
+    T, B, I = p["x"].shape
+    D, G, H = p["w_hh"].shape
+    dims = (T, B, I, H, D)
+    w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
+    y, hn, hs, gates = gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan)
+    saved = GruSaved(a["x"], a["w_ih"], a["w_hh"], hs, gates, False)
+    dgi, dgh, dh = gru._backward_recurrence(a["dy"], None, saved, dims, plan)
+    pieces = {"forward": lambda: gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan),
+              "backward recurrence": lambda: gru._backward_recurrence(a["dy"], None, saved,
+                                                                      dims, plan),
+              "backward tail": lambda: gru._backward_tail(saved, dgi, dgh, dims)}
+    return {k: suite.gpu_time_us(fn, n_repeat=repeat) / 1e3 for k, fn in pieces.items()}
+
+
+def barrier_us(plan, D, repeat, n=2000):
+    """Device time of one barrier of the plan's scope on the plan's grid: a launch of n
+    barriers less a launch of none, over n (cugru's gru_barrier_probe kernels)."""
+    import cupy as cp
+
+    from cugru import gru
+    from cukernels import _rt
+    grid, block = (plan.blocks, D), (gru.FAST_THREADS,)
+    if isinstance(plan, gru.TilePlan):
+        fn = _rt.kernel("gru.cu", f"gru_barrier_probe<{plan.cluster}>")
+
+        def call(k):
+            fn(grid, block, (np.int32(k),))
+    else:
+        fn = _rt.kernel("gru.cu", "gru_grid_barrier_probe")
+        counters = [cp.zeros(D, np.uint32) for _ in range(2)]
+
+        def call(k):
+            counters[k > 0].fill(0)
+            with _rt.StepLoop(np.float32) as loop:
+                loop.launch(fn, grid, block, (counters[k > 0], np.int32(k)), cooperative=True)
+    t_n = suite.gpu_time_us(lambda: call(n), n_repeat=repeat)
+    t_0 = suite.gpu_time_us(lambda: call(0), n_repeat=repeat)
+    return max(t_n - t_0, 0.0) / n
 
 
 def torch_gru_calls(torch, p, device, tf32):
@@ -242,19 +306,18 @@ def fast_limits(batches=(1, 64), h_max=16384):
                 out.append({"dtype": np.dtype(dtype).name, "D": D, "B": B, "max_H": lo,
                             "scope": plan.scope if plan else "-",
                             "blocks": plan.blocks * D if plan else 0,
-                            "block_scope_max_H": _block_limit(gru, B, D, dtype)})
+                            "block_scope_max_H": _scope_limit(gru, B, D, dtype, "block"),
+                            "cluster_scope_max_H": _scope_limit(gru, B, D, dtype, "cluster")})
     return out
 
 
-def _block_limit(gru, B, D, dtype):
-    """Largest H that fast_plan runs in one block per direction."""
+def _scope_limit(gru, B, D, dtype, scope):
+    """Largest H that fast_plan runs at `scope` (block: one block per batch group)."""
     best = 0
-    for H in range(1, 513):
+    for H in range(1, 600):
         plan = gru.fast_plan(B, H, D, dtype)
-        if plan is not None and plan.scope == "block":
+        if plan is not None and plan.scope == scope:
             best = H
-        elif best and H > 2 * best:
-            break
     return best
 
 
@@ -311,7 +374,7 @@ def run(shape_ids, repeat, cpu=True):
         T, B, I, H, bi = SHAPES[sid]
         p = make_problem(T, B, I, H, bi)
         row = {"id": sid, "shape": [T, B, I, H, bi], "train": {}, "infer": {}, "host": {}}
-        row["fast"] = fast_info(p)
+        row["fast"] = fast_info(p, repeat)
         for label, path in OURS.items():
             if path == "fast" and row["fast"] is None:
                 continue
@@ -392,20 +455,43 @@ def markdown(rows, device, limits=None):
     fast = [r for r in rows if r.get("fast")]
     if fast:
         lines += ["", "### The fast path per shape", "",
-                  "Time per step = the pass's time / T (the input GEMM, and for the train step "
-                  "the weight-gradient GEMMs, included). h read per step = bytes of h (or of "
-                  "d_gate_h, 3x) that the blocks of a step read from L2, every block reading "
-                  "its direction's whole vector.", "",
-                  "| id | scope | blocks | units per block | rows per thread | registers fwd / bwd "
-                  "| shared memory (KiB) | inference µs/step | train µs/step | h read per step (KiB) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "Scope: block (one block per batch group, __syncthreads), cluster (a thread-"
+                  "block cluster per batch group, distributed shared memory and the cluster "
+                  "barrier) or grid (all blocks of a direction, a barrier through global "
+                  "memory). Time per step = the pass's time / T (the input GEMM, and for the "
+                  "train step the weight-gradient GEMMs, included). Barrier = one barrier of the "
+                  "scope on the plan's grid, timed alone (gru_barrier_probe). Floor = the "
+                  "barriers alone: one per step forward, one per step backward. h moved per "
+                  "step = bytes of h that reach the blocks each forward step (backward moves "
+                  "d_gate_h, 3x): through distributed shared memory (block, cluster), or read "
+                  "from L2 by every block (grid).", "",
+                  "| id | scope | blocks | cluster | units per block | rows | lanes per unit "
+                  "| registers fwd / bwd | shared memory (KiB) | inference µs/step | "
+                  "train µs/step | barrier µs | train floor µs/step | train / floor | "
+                  "h moved per step (KiB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in fast:
             f, T = r["fast"], r["shape"][0]
-            lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['units']} | "
-                         f"{f['rows_per_thread']} | {f['regs'][0]} / {f['regs'][1]} | "
-                         f"{f['smem'] / 1024:.0f} | {r['infer']['fast'] * 1e3 / T:.2f} | "
-                         f"{r['train']['fast'] * 1e3 / T:.2f} | "
-                         f"{f['h_bytes_per_step'] / 1024:.0f} |")
+            train_step = r["train"]["fast"] * 1e3 / T
+            floor = 2 * f.get("barrier_us", float("nan"))
+            lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['cluster']} | "
+                         f"{f['units']} | {f['rows']} | {f['lanes']} | "
+                         f"{f['regs'][0]} / {f['regs'][1]} | {f['smem'] / 1024:.1f} | "
+                         f"{r['infer']['fast'] * 1e3 / T:.2f} | {train_step:.2f} | "
+                         f"{floor / 2:.3f} | {floor:.3f} | {train_step / floor:.1f}x | "
+                         f"{f['h_bytes_per_step'] / 1024:.1f} |")
+        phased = [r for r in fast if "phases_ms" in r["fast"]]
+        if phased:
+            names = list(phased[0]["fast"]["phases_ms"])
+            lines += ["", "The fast path's train step by piece (device ms; µs per step in "
+                      "brackets): the forward pass keeping the history, the backward "
+                      "recurrence (one launch), and the tail (dx and the weight-gradient "
+                      "GEMMs).", "",
+                      "| id | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+            for r in phased:
+                ph, T = r["fast"]["phases_ms"], r["shape"][0]
+                lines.append(f"| {r['id']} | " + " | ".join(
+                    f"{ph[k]:.3f} ({ph[k] * 1e3 / T:.2f})" for k in names) + " |")
     pieces = list(rows[0]["steps"]) if rows else []
     lines += ["", "### Where a step's time goes (the per-step path, µs)", "",
               "measured µs/step = train step time / T (forward and backward of one step). "
@@ -427,13 +513,15 @@ def markdown(rows, device, limits=None):
         lines += ["", "### Fast path limits on this GPU", "",
                   "Largest H for which cugru.gru.fast_plan finds a split (binary search up to "
                   "16384; path='auto' also needs B*3H*H <= FAST_AUTO_MAX_WORK), with the scope "
-                  "and block count there, and the largest H it runs in one block per "
-                  "direction.", "",
+                  "and block count there, and the largest H it runs at block and at cluster "
+                  "scope.", "",
                   "| dtype | directions | B | largest H | scope there | blocks there | "
-                  "largest H in one block |", "|---|---|---|---|---|---|---|"]
+                  "largest H, block scope | largest H, cluster scope |",
+                  "|---|---|---|---|---|---|---|---|"]
         for L in limits:
             lines.append(f"| {L['dtype']} | {L['D']} | {L['B']} | {L['max_H']} | {L['scope']} | "
-                         f"{L['blocks']} | {L['block_scope_max_H']} |")
+                         f"{L['blocks']} | {L['block_scope_max_H']} | "
+                         f"{L['cluster_scope_max_H']} |")
     mem = [r for r in rows if "memory" in r]
     if mem:
         lines += ["", "### Peak memory of a train step beyond its inputs (MiB, path='auto')", "",

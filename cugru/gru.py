@@ -44,6 +44,8 @@ PLAIN_LAUNCH = False
 #: cuts it about WGRAD_CHUNKS-fold, with no extra memory and the same bits every run.
 WGRAD_CHUNKS = 8
 MIN_CHUNK_ROWS = 256
+#: up to this size of all chunks' partial results, the chunks run batched (see _weight_grads)
+WGRAD_PARTIAL_BYTES = 32 << 20
 #: threads per block of the persistent kernels (GRU_NT of kernels/gru.cu)
 FAST_THREADS = 256
 #: shared memory a block of the persistent kernels may use for staging the step's vector
@@ -125,9 +127,85 @@ def _cost(plan, B, H, D, itemsize=4):
     return product + stage + (FAST_BARRIER_CYCLES if plan.blocks > 1 else 0)
 
 
+@dataclass(frozen=True)
+class TilePlan:
+    """How the block- and cluster-scope kernels split the work: clusters of `cluster` blocks
+    (1: a single block, scope "block"; else scope "cluster", distributed shared memory and
+    the cluster's barrier), each cluster one direction and one group of `rows` batch rows
+    (`groups` groups per direction), each block `units` hidden units with `lanes` threads per
+    unit, and the dynamic shared memory per block of each kernel."""
+    cluster: int
+    groups: int
+    rows: int
+    units: int
+    lanes: int
+    smem_fwd: int
+    smem_bwd: int
+
+    @property
+    def scope(self):
+        return "block" if self.cluster == 1 else "cluster"
+
+    @property
+    def blocks(self):
+        """blocks per direction"""
+        return self.groups * self.cluster
+
+
+#: the tile kernels' limits (kernels/gru.cu): GRU_TILE_PACKS 16-byte packs of each gate's
+#: weights per thread, at most GRU_TILE_ROWS batch rows per cluster; the inputs of
+#: GRU_TILE_AHEAD steps are in flight
+TILE_PACKS = 8
+TILE_ROWS = 4
+TILE_AHEAD = 8
+#: cost model of the tile split, in SM cycles per step: 2 cycles per warp instruction of the
+#: product (8 warps on 4 schedulers), a lane-sum level per TILE_SHUFFLE_CYCLES, the pointwise
+#: step and the barrier (block or cluster, with the shared-memory exchange before it)
+TILE_SHUFFLE_CYCLES = 30
+TILE_POINTWISE_CYCLES = 300
+TILE_BARRIER_CYCLES = {"block": 100, "cluster": 700}
+
+
+def _tile_split(B, H, D, cluster, rows, itemsize):
+    """The TilePlan of `cluster` blocks per cluster and `rows` rows per group, or None where
+    the tile kernels cannot hold it."""
+    v = 16 // itemsize
+    units = -(-H // cluster)
+    if cluster > 1:
+        units = -(-units // v) * v          # the exchange moves 16-byte packs of units
+    if (cluster - 1) * units >= H or rows > TILE_ROWS:
+        return None                                       # a block without units
+    lanes = 32
+    while lanes > 1 and FAST_THREADS // lanes < units:
+        lanes //= 2
+    if FAST_THREADS // lanes < units or lanes * TILE_PACKS * v < H or lanes < TILE_ROWS:
+        return None                         # (lane ks of a unit serves batch row ks)
+    hp = -(-H // v) * v
+    # two mbarriers, the exchanged vectors (two buffers), the exchange's stage (two) and the
+    # ring of inputs loaded ahead
+    return TilePlan(cluster, -(-B // rows), rows, units, lanes,
+                    16 + (2 * hp + 2 * units + TILE_AHEAD * 3 * units) * rows * itemsize,
+                    16 + (6 * hp + 6 * units + TILE_AHEAD * 6 * units) * rows * itemsize)
+
+
+def _tile_cost(plan, H, D, sms, itemsize=4):
+    """Estimated cycles per step of a TilePlan (see TILE_SHUFFLE_CYCLES), waves included."""
+    v = 16 // itemsize
+    packs = -(-(-(-H // v)) // plan.lanes)                 # packs per thread and gate
+    levels = plan.lanes.bit_length() - 1
+    step = (2 * plan.rows * packs * 3 * (v + 1) + levels * TILE_SHUFFLE_CYCLES
+            + 3 * plan.rows * levels * 2
+            + TILE_POINTWISE_CYCLES * -(-plan.rows // plan.lanes)
+            + TILE_BARRIER_CYCLES[plan.scope])
+    clusters_at_once = max(1, sms // plan.cluster)
+    waves = -(-(plan.groups * D) // clusters_at_once)
+    return waves * step
+
+
 def fast_plan(B, H, D, dtype):
-    """The fast path's split for batch B, hidden size H and D directions on the current GPU,
-    or None where the shape does not fit it (then path="auto" takes the per-step path)."""
+    """The fast path's split for batch B, hidden size H and D directions on the current GPU:
+    a TilePlan (block or cluster scope) where the tile kernels hold the shape, else a FastPlan
+    (grid scope), or None where neither fits (then path="auto" takes the per-step path)."""
     cp = _rt.cupy_module()
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str,
                       cp.cuda.runtime.getDevice())
@@ -137,8 +215,16 @@ def fast_plan(B, H, D, dtype):
 def _fast_plan(B, H, D, dtype, device_id):
     cp = _rt.cupy_module()
     itemsize = np.dtype(dtype).itemsize
-    attrs = cp.cuda.Device(device_id).attributes
+    dev = cp.cuda.Device(device_id)
+    attrs = dev.attributes
     smem_limit, sms = attrs["MaxSharedMemoryPerBlockOptin"], attrs["MultiProcessorCount"]
+    clusters = [c for c in _rt.GRU_CLUSTERS
+                if c == 1 or int(dev.compute_capability) >= 90]   # clusters: sm_90 on
+    tiles = [p for p in (_tile_split(B, H, D, c, r, itemsize)
+                         for c in clusters for r in range(1, TILE_ROWS + 1)) if p is not None]
+    if tiles:
+        return min(tiles, key=lambda p: (_tile_cost(p, H, D, sms, itemsize),
+                                         p.groups * p.cluster, p.cluster))
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
@@ -163,10 +249,17 @@ def _resident_blocks(plan, dtype, device_id):
 
 
 def _persist_kernel(name, shared_mem):
+    """The kernel, allowed `shared_mem` bytes of dynamic shared memory (set once per size)."""
     fn = _rt.kernel("gru.cu", name)
-    if shared_mem > fn.max_dynamic_shared_size_bytes:
-        fn.max_dynamic_shared_size_bytes = shared_mem
+    key = (id(fn), name)
+    if _SMEM_SET.get(key, -1) < shared_mem:
+        if shared_mem > fn.max_dynamic_shared_size_bytes:
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        _SMEM_SET[key] = shared_mem
     return fn
+
+
+_SMEM_SET = {}
 
 
 def _choose(path, B, H, D, dtype):
@@ -229,6 +322,74 @@ def _row_chunks(rows):
     return [(r0, min(per, rows - r0)) for r0 in range(0, rows, per)]
 
 
+def _weight_grads(loop, x, dgi, hs, dgh, dims):
+    """S2 and S3: dW_ih, dW_hh, db_ih and db_hh, flat in one buffer in that order.
+
+    Summed over the T*B rows in chunks (_row_chunks), each chunk summed on its own and the
+    chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES,
+    each piece is one GEMM batched over the chunks (two when the last chunk is shorter) and
+    gru_sum_chunks adds them up: few host calls. Beyond, each chunk's GEMMs add into the
+    result (beta = 1), with no extra memory. The bias sums are GEMMs with a vector of ones.
+    """
+    cp = _rt.cupy_module()
+    T, B, I, H, D = dims
+    dt, G, TB = dgi.dtype, 3 * H, T * B
+    it = dt.itemsize
+    ptr = lambda a: a.data.ptr  # noqa: E731
+    total = D * G * (I + H + 2)
+    o_hh, o_bih = D * G * I, D * G * (I + H)
+    o_bhh = o_bih + D * G
+    grads = cp.empty(total, dt)
+    chunks = _row_chunks(TB)
+    ones = _ones(chunks[0][1], dt)
+    batched = len(chunks) * total * it <= WGRAD_PARTIAL_BYTES
+    if batched:
+        per = chunks[0][1]
+        nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
+        # (first chunk, rows per chunk, chunks): the full chunks, then a shorter last one
+        runs = [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
+        part = grads if len(chunks) == 1 else cp.empty((len(chunks), total), dt)
+    else:
+        runs = [(k, n, 1) for k, (r0, n) in enumerate(chunks)]
+        part = grads
+    for k0, n, count in runs:
+        r0 = chunks[k0][0]
+        beta, out = (0.0, ptr(part) + k0 * total * it) if batched else \
+            (0.0 if k0 == 0 else 1.0, ptr(grads))
+        # dW_ih' (I, D*3H) = x' (I, n) @ dgi[rows] (n, D*3H): both directions at once
+        loop.gemm(False, True, I, D * G, n, ptr(x) + r0 * I * it, I, n * I,
+                  ptr(dgi) + r0 * D * G * it, D * G, n * D * G, beta, out, I, total, count)
+        # db_ih (D*3H) = dgi[rows]' @ ones
+        loop.gemm(False, False, D * G, 1, n, ptr(dgi) + r0 * D * G * it, D * G, n * D * G,
+                  ptr(ones), n, 0, beta, out + o_bih * it, D * G, total, count)
+        for d in range(D):
+            # dW_hh[d]' (H, 3H) = hs[d, rows]' (H, n) @ dgh[d, rows] (n, 3H)
+            loop.gemm(False, True, H, G, n, ptr(hs) + (d * (T + 1) * B + r0) * H * it, H,
+                      n * H, ptr(dgh) + (d * TB + r0) * G * it, G, n * G, beta,
+                      out + (o_hh + d * G * H) * it, H, total, count)
+            # db_hh[d] (3H) = dgh[d, rows]' @ ones
+            loop.gemm(False, False, G, 1, n, ptr(dgh) + (d * TB + r0) * G * it, G, n * G,
+                      ptr(ones), n, 0, beta, out + (o_bhh + d * G) * it, G, total, count)
+    if batched and len(chunks) > 1:
+        loop.launch(_rt.kernel("gru.cu", f"gru_sum_chunks<{_rt.ctype(dt)}>"),
+                    (min(-(-total // THREADS), 4096),), (THREADS,),
+                    (part, grads, np.int64(total), np.int64(total), np.int32(len(chunks))))
+    return grads
+
+
+def _ones(n, dtype):
+    """A device vector of n ones, kept per (n, dtype, device) for the bias GEMMs."""
+    cp = _rt.cupy_module()
+    key = (n, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
+    vec = _ONES.get(key)
+    if vec is None:
+        vec = _ONES[key] = cp.ones(n, dtype)
+    return vec
+
+
+_ONES = {}
+
+
 def _grid(B, H, D):
     return ((B * H + THREADS - 1) // THREADS, D)
 
@@ -240,16 +401,30 @@ def _forward_gpu(x, h0, w_ih, w_hh, b_ih, b_hh, dims, training, plan):
     S = T + 1 if training else 2          # slots of hs: all states, or ping-pong
     gi = cp.empty((T, B, D, G), dt)
     hs = cp.empty((D, S, B, H), dt)
-    hs[:, 0] = 0 if h0 is None else h0
+    it, BH = dt.itemsize, B * H
+    for d in range(D):                    # slot 0 of each direction: h0 (or zeros)
+        if h0 is None:
+            _rt.zero_bytes(hs.data.ptr + d * S * BH * it, BH * it)
+        else:
+            _rt.copy_bytes(hs.data.ptr + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
+    h_n = cp.empty((D, B, H), dt)
     y = cp.empty((T, B, D * H), dt)
     gates = cp.empty((D, T, B, 4 * H), dt) if training else None
     c, train = _rt.ctype(dt), "true" if training else "false"
-    i32, it = np.int32, dt.itemsize
+    i32 = np.int32
     with _rt.StepLoop(dt, plain=PLAIN_LAUNCH) as loop:
         # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
         loop.gemm(True, False, D * G, T * B, I, w_ih.data.ptr, I, 0, x.data.ptr, I, 0,
                   0.0, gi.data.ptr, D * G, 0)
-        if plan is not None:
+        if isinstance(plan, TilePlan):
+            fn = _persist_kernel(f"gru_tile_forward<{c},{plan.cluster},{train}>",
+                                 plan.smem_fwd)
+            loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
+                        (gi, w_hh, b_ih, b_hh, hs, y, y if gates is None else gates, h_n,
+                         i32(T), i32(B), i32(H), i32(S), i32(plan.units), i32(plan.lanes),
+                         i32(plan.rows)),
+                        shared_mem=plan.smem_fwd)
+        elif plan is not None:
             fn = _persist_kernel(f"gru_persist_forward<{c},{plan.rows_per_thread},{train}>",
                                  plan.smem_fwd)
             loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
@@ -269,27 +444,41 @@ def _forward_gpu(x, h0, w_ih, w_hh, b_ih, b_hh, dims, training, plan):
                           hs.data.ptr + (s % S) * B * H * it, H, S * B * H,
                           0.0, gh.data.ptr, G, B * G, D)
                 step(s)
-    h_n = hs[:, T % S].copy()
+    if not isinstance(plan, TilePlan):   # (the tile kernels write h_n themselves)
+        for d in range(D):
+            _rt.copy_bytes(h_n.data.ptr + d * BH * it, hs.data.ptr + (d * S + T % S) * BH * it,
+                           BH * it)
     return y, h_n, (hs if training else None), gates
 
 
 def _backward_gpu(dy, dh_n, saved, dims, plan):
+    dgi, dgh, dh = _backward_recurrence(dy, dh_n, saved, dims, plan)
+    dx, dw_ih, dw_hh, db_ih, db_hh = _backward_tail(saved, dgi, dgh, dims)
+    return (dx, dh) + unsqueeze_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+
+
+def _backward_recurrence(dy, dh_n, saved, dims, plan):
+    """The reverse recurrence: d_gate_i by time (dgi), d_gate_h by step (dgh) and dh0."""
     cp = _rt.cupy_module()
     T, B, I, H, D = dims
     dt, G, TB = dy.dtype, 3 * H, T * B
-    x, w_ih, w_hh, hs = saved.x, saved.w_ih, saved.w_hh, saved.hs
+    w_hh, hs = saved.w_hh, saved.hs
     dgi = cp.empty((T, B, D, G), dt)
     dgh = cp.empty((D, T, B, G), dt)
-    dx = cp.empty((T, B, I), dt)
-    dw_ih, dw_hh = cp.empty((D, G, I), dt), cp.empty((D, G, H), dt)
-    db_ih, db_hh = cp.empty((D, G), dt), cp.empty((D, G), dt)
-    chunks = _row_chunks(TB)
-    ones = cp.ones(chunks[0][1], dt)
     c = _rt.ctype(dt)
     i32, it = np.int32, dt.itemsize
     ptr = lambda a: a.data.ptr  # noqa: E731
     with _rt.StepLoop(dt, plain=PLAIN_LAUNCH) as loop:
-        if plan is not None:
+        if isinstance(plan, TilePlan):
+            dh = cp.empty((D, B, H), dt)
+            fn = _persist_kernel(f"gru_tile_backward<{c},{plan.cluster}>", plan.smem_bwd)
+            loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
+                        (dy, saved.gates, hs, w_hh,
+                         np.int64(0) if dh_n is None else dh_n, dgi, dgh, dh,   # 0: null
+                         i32(T), i32(B), i32(H), i32(plan.units), i32(plan.lanes),
+                         i32(plan.rows)),
+                        shared_mem=plan.smem_bwd)
+        elif plan is not None:
             dh = cp.empty((D, B, H), dt)
             fn = _persist_kernel(f"gru_persist_backward<{c},{plan.rows_per_thread}>",
                                  plan.smem_bwd)
@@ -310,21 +499,24 @@ def _backward_gpu(dy, dh_n, saved, dims, plan):
                 # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
                 loop.gemm(False, False, H, B, G, ptr(w_hh), H, G * H,
                           ptr(dgh) + s * B * G * it, G, TB * G, 1.0, ptr(dh), H, B * H, D)
+    return dgi, dgh, dh
+
+
+def _backward_tail(saved, dgi, dgh, dims):
+    """S4 (dx) and S2, S3 (the weight and bias gradients) from the gate gradients."""
+    cp = _rt.cupy_module()
+    T, B, I, H, D = dims
+    dt, G, TB = dgi.dtype, 3 * H, T * B
+    dx = cp.empty((T, B, I), dt)
+    ptr = lambda a: a.data.ptr  # noqa: E731
+    with _rt.StepLoop(dt, plain=PLAIN_LAUNCH) as loop:
         # S4: dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
-        loop.gemm(False, False, I, TB, D * G, ptr(w_ih), I, 0, ptr(dgi), D * G, 0,
+        loop.gemm(False, False, I, TB, D * G, ptr(saved.w_ih), I, 0, ptr(dgi), D * G, 0,
                   0.0, ptr(dx), I, 0)
-        # S2 and S3, over chunks of the T*B rows, each chunk adding into the result:
-        #   dW_ih[d]' (I, 3H) += x' (I, rows) @ dgi[rows, d] (rows, 3H)
-        #   dW_hh[d]' (H, 3H) += hs[d, :T]' (H, rows) @ dgh[d, rows] (rows, 3H)
-        #   db_ih (D*3H) += dgi[rows]' @ ones;  db_hh[d] (3H) += dgh[d, rows]' @ ones
-        for k, (r0, n) in enumerate(chunks):
-            beta = 0.0 if k == 0 else 1.0
-            loop.gemm(False, True, I, G, n, ptr(x) + r0 * I * it, I, 0,
-                      ptr(dgi) + r0 * D * G * it, D * G, G, beta, ptr(dw_ih), I, G * I, D)
-            loop.gemm(False, True, H, G, n, ptr(hs) + r0 * H * it, H, (T + 1) * B * H,
-                      ptr(dgh) + r0 * G * it, G, TB * G, beta, ptr(dw_hh), H, G * H, D)
-            loop.gemm(False, False, D * G, 1, n, ptr(dgi) + r0 * D * G * it, D * G, 0,
-                      ptr(ones), n, 0, beta, ptr(db_ih), D * G, 0)
-            loop.gemm(False, False, G, 1, n, ptr(dgh) + r0 * G * it, G, TB * G, ptr(ones), n, 0,
-                      beta, ptr(db_hh), G, G, D)
-    return (dx, dh) + unsqueeze_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+        grads = _weight_grads(loop, saved.x, dgi, saved.hs, dgh, dims)
+    n_ih, n_hh = D * G * I, D * G * H
+    return (dx, grads[:n_ih].reshape(D, G, I), grads[n_ih:n_ih + n_hh].reshape(D, G, H),
+            grads[n_ih + n_hh:n_ih + n_hh + D * G].reshape(D, G),
+            grads[n_ih + n_hh + D * G:].reshape(D, G))
+
+

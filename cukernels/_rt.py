@@ -56,6 +56,9 @@ SOFTMAX_GROUP_THREADS = 256
 #: batch rows per thread that the persistent GRU kernels are built for, per element type
 #: (double with 8 rows spills registers)
 GRU_MAXP = {"float": (1, 2, 4, 8), "double": (1, 2, 4)}
+#: cluster sizes (blocks per cluster; 1: one block) of the GRU's block- and cluster-scope
+#: kernels; 8 is the largest every cluster-capable GPU runs
+GRU_CLUSTERS = (1, 2, 4, 8)
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -78,7 +81,11 @@ def _registry() -> dict[str, tuple[str, ...]]:
             [f"gru_forward_step<{c},{b}>" for c in t for b in _BOOL]
             + [f"gru_backward_step<{c}>" for c in t]
             + [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
-            + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]),
+            + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]
+            + [f"gru_tile_forward<{c},{n},{b}>" for c in t for n in GRU_CLUSTERS for b in _BOOL]
+            + [f"gru_tile_backward<{c},{n}>" for c in t for n in GRU_CLUSTERS]
+            + [f"gru_sum_chunks<{c}>" for c in t]
+            + [f"gru_barrier_probe<{n}>" for n in GRU_CLUSTERS] + ["gru_grid_barrier_probe"]),
     }
 
 
@@ -224,6 +231,28 @@ def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ld
         cublas.setPointerMode(handle, mode)
 
 
+def copy_bytes(dst: int, src: int, nbytes: int) -> None:
+    """Device-to-device copy of nbytes between raw addresses, on the current stream."""
+    cp = cupy_module()
+    cp.cuda.runtime.memcpyAsync(dst, src, nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+                                cp.cuda.get_current_stream().ptr)
+
+
+def zero_bytes(dst: int, nbytes: int) -> None:
+    """Zero nbytes at a raw device address, on the current stream."""
+    cp = cupy_module()
+    cp.cuda.runtime.memsetAsync(dst, 0, nbytes, cp.cuda.get_current_stream().ptr)
+
+
+#: how each scalar kernel argument type fills an 8-byte parameter slot (its bits, low bytes)
+_SLOT_BITS = {
+    np.int32: lambda v: int(v) & 0xFFFFFFFF,
+    np.int64: lambda v: int(v) & 0xFFFFFFFFFFFFFFFF,
+    np.float32: lambda v: int(np.float32(v).view(np.uint32)),
+    np.float64: lambda v: int(np.float64(v).view(np.uint64)),
+}
+
+
 class StepLoop:
     """Cheap repeated calls for a per-step loop: strided-batched cuBLAS GEMMs and launches
     of one kernel whose arguments change only in one int (the step).
@@ -272,21 +301,23 @@ class StepLoop:
                    self._scalars[float(beta)].ctypes.data, C, ldc, sC, batch)
 
     def _pack(self, args):
-        """ctypes values for `args` and the parameter array that points at them."""
+        """The kernel parameter array for `args`: each value in an 8-byte slot of one ctypes
+        array (little-endian: a 4-byte argument is read from the slot's low bytes), and the
+        array of the slots' addresses. Returns (slots, params); keep both alive."""
         cp = cupy_module()
         ct = self._ctypes
-        convert = {np.int32: ct.c_int32, np.int64: ct.c_int64, np.float32: ct.c_float,
-                   np.float64: ct.c_double}
-        values = []
-        for a in args:
+        n = len(args)
+        slots = (ct.c_uint64 * n)()
+        for k, a in enumerate(args):
             if isinstance(a, cp.ndarray):
-                values.append(ct.c_void_p(a.data.ptr))
-            elif type(a) in convert:
-                values.append(convert[type(a)](a.item()))
+                slots[k] = a.data.ptr
+            elif type(a) in _SLOT_BITS:
+                slots[k] = _SLOT_BITS[type(a)](a)
             else:
                 raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
-        params = (ct.c_void_p * len(values))(*[ct.addressof(v) for v in values])
-        return values, params
+        base = ct.addressof(slots)
+        params = (ct.c_void_p * n)(*range(base, base + 8 * n, 8))
+        return slots, params
 
     @staticmethod
     def _dims(grid, block):
@@ -303,17 +334,16 @@ class StepLoop:
                 args[step_arg] = np.int32(step)
                 func(grid, block, tuple(args))
             return launch
-        values, params = self._pack(args)
-        if type(values[step_arg]) is not self._ctypes.c_int32:
+        if type(args[step_arg]) is not np.int32:
             raise TypeError("the step argument must be an int32")
+        slots, params = self._pack(args)
         # a RawKernel holds its CUfunction in .kernel (a cupy.cuda.Function, with .ptr)
-        step, fptr, stream, launch_kernel = values[step_arg], func.kernel.ptr, self.stream, \
-            self._launch_kernel
+        fptr, stream, launch_kernel = func.kernel.ptr, self.stream, self._launch_kernel
         address = self._ctypes.addressof(params)
-        keep = (values, params, args)
+        keep = (slots, params, args)
 
         def launch(step_value, _keep=keep):
-            step.value = step_value
+            slots[step_arg] = step_value & 0xFFFFFFFF
             launch_kernel(fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
                           stream, address, 0)
         return launch
@@ -323,7 +353,7 @@ class StepLoop:
         grid that does not fit), as a kernel with a barrier across blocks needs."""
         cp = cupy_module()
         grid, block = self._dims(grid, block)
-        values, params = self._pack(args)
+        slots, params = self._pack(args)
         address = self._ctypes.addressof(params)
         if cooperative:
             cp.cuda.driver.launchCooperativeKernel(func.kernel.ptr, *grid, *block, shared_mem,
@@ -331,7 +361,7 @@ class StepLoop:
         else:
             self._launch_kernel(func.kernel.ptr, *grid, *block, shared_mem, self.stream,
                                 address, 0)
-        del values, params   # the launch has copied the arguments
+        del slots, params   # the launch has copied the arguments
 
 
 # ---------------------------------------------------------------------- argument checks

@@ -12,8 +12,10 @@ NVCC = os.environ.get("NVCC", "nvcc")
 
 
 def _instance_name(demangled):
-    """'void k<float, (bool)1>(float*, ...)' -> 'k<float,true>' (c++filt and cu++filt differ)."""
-    head = demangled[:demangled.index(">(") + 1] if ">(" in demangled else demangled
+    """'void k<float, (bool)1>(float*, ...)' -> 'k<float,true>' (c++filt and cu++filt differ);
+    'k(int)' -> 'k' for a kernel that is not a template."""
+    head = (demangled[:demangled.index(">(") + 1] if ">(" in demangled
+            else demangled.split("(", 1)[0])
     head = head.replace("void ", "", 1).replace(" ", "")
     head = head.replace("(bool)1", "true").replace("(bool)0", "false")
     return re.sub(r"\((?:unsigned|signed|int|long|short|char)+\)", "", head)

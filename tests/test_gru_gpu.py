@@ -130,12 +130,16 @@ def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
         cp.testing.assert_array_equal(a, b)
 
 
-REPEAT_SHAPES = ([(6, 8, 4, 32, True), (5, 8, 4, 160, False)] if QUICK else
-                 [(40, 64, 40, 128, True), (20, 64, 40, 512, False), (30, 3, 5, 1024, True)])
+REPEAT_SHAPES = ([((6, 8, 4, 32, True), "block"), ((5, 8, 4, 160, False), "cluster"),
+                  ((5, 8, 4, 300, False), "grid")] if QUICK else
+                 [((40, 64, 40, 64, True), "block"), ((40, 64, 40, 128, True), "cluster"),
+                  ((20, 64, 40, 512, False), "grid"), ((30, 3, 5, 1024, True), "grid")])
 
 
-@pytest.mark.parametrize("shape", REPEAT_SHAPES, ids=["block", "grid", "wide"][:len(REPEAT_SHAPES)])
-def test_fast_path_repeats_its_bits(cp, rng, shape):
+@pytest.mark.parametrize("shape,scope", REPEAT_SHAPES, ids=[f"{s}-H{sh[3]}" for sh, s in REPEAT_SHAPES])
+def test_fast_path_repeats_its_bits(cp, rng, shape, scope):
+    T, B, I, H, bi = shape
+    assert gru_module.fast_plan(B, H, 2 if bi else 1, np.float32).scope == scope
     g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
     first = run(g, path="fast")
     for _ in range(3):
@@ -160,37 +164,71 @@ def _zero_weights(cp, H, I):
 
 
 def test_fast_plan_scopes_limits_and_fallback(cp, rng):
-    # one block per direction while the work is small, a barrier across blocks beyond
+    # one block per batch group while a direction's weights fit one block's registers, a
+    # cluster while they fit a cluster's, a barrier across blocks beyond
     assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
+    assert gru_module.fast_plan(1, 128, 1, np.float32).scope == "cluster"
     assert gru_module.fast_plan(64, 1024, 2, np.float32).scope == "grid"
-    # a batch too large for the kernels' rows per thread: no plan; "fast" refuses, "auto"
-    # falls back to the per-step path
-    assert gru_module.fast_plan(5000, 4, 1, np.float32) is None
-    p = problem(rng, 3, 5000, 2, 4, False)
-    g = to_gpu(cp, p)
+    # too large for the tile kernels (H > 256) and too many rows for the grid kernels:
+    # no plan; "fast" refuses, "auto" falls back to the per-step path
+    assert gru_module.fast_plan(2100, 257, 1, np.float32) is None
+    p = problem(rng, 2, 2100, 2, 257, False)
+    g = to_gpu(cp, cast(p, np.float32))
     with pytest.raises(ValueError, match="do not fit the fast path"):
         cugru.gru_forward(g["x"], g["h0"], *weights(g), path="fast")
     with pytest.raises(ValueError, match="path must be one of"):
         cugru.gru_forward(g["x"], g["h0"], *weights(g), path="persistent")
     got = [cp.asnumpy(a) for a in run(g, path="auto")]
-    assert_within(got, run(p, oracle), run(p, oracle), np.float64, OUT_NAMES)
+    assert_within(got, run(p, oracle), run(cast(p, np.float32), oracle), np.float32, OUT_NAMES)
 
 
-def _scope_switch(B, D):
-    """The smallest H whose plan is not 'block' (the block scope's limit + 1)."""
-    return next(H for H in range(1, 2048)
-                if gru_module.fast_plan(B, H, D, np.float32).scope != "block")
+def _run_plan(cp, monkeypatch, p, dtype, plan):
+    """Forward and backward through the public functions with the fast path forced to `plan`."""
+    monkeypatch.setattr(gru_module, "_choose", lambda *a: plan)
+    return [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path="fast")]
 
 
-@pytest.mark.parametrize("B,D", [(1, 1), (4, 2)])
-def test_fast_path_on_both_sides_of_the_block_scope_limit(cp, rng, B, D):
-    H1 = _scope_switch(B, D)
-    for H, scope in ((H1 - 1, "block"), (H1, "grid")):
-        assert gru_module.fast_plan(B, H, D, np.float32).scope == scope
-        p = problem(rng, 4, B, 3, H, D == 2)
-        got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
-        assert_within(got, run(p, oracle), run(cast(p, np.float32), oracle), np.float32,
-                      OUT_NAMES)
+def _check(got, p, dtype):
+    ref = run(p, oracle)
+    ref32 = run(cast(p, np.float32), oracle) if dtype == np.float32 else ref
+    assert_within(got, ref, ref32, dtype, OUT_NAMES)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("cluster", (1, 2, 4, 8))
+def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch, cluster,
+                                                   dtype):
+    """Every cluster size, at the smallest and the largest H it holds (the next H has no
+    split), with one row per group and with full and partial groups of TILE_ROWS rows."""
+    it = np.dtype(dtype).itemsize
+    holds = [H for H in range(1, 300) if gru_module._tile_split(1, H, 1, cluster, 1, it)]
+    low, top = min(holds), max(holds)
+    assert gru_module._tile_split(1, top + 1, 1, cluster, 1, it) is None
+    for H in (low, top):
+        for rows in (1, gru_module.TILE_ROWS):
+            plan = gru_module._tile_split(5, H, 2, cluster, rows, it)
+            p = problem(rng, 4, 5, 3, H, True)
+            _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
+
+
+@pytest.mark.parametrize("blocks", [1, 3], ids=["block", "grid"])
+def test_grid_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks):
+    """The grid-scope kernels (FastPlan), also in the one-block form fast_plan takes on GPUs
+    without clusters."""
+    smem = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    plan = gru_module._split(6, 40, 2, blocks, 4, smem)
+    assert plan is not None and plan.scope == ("block" if blocks == 1 else "grid")
+    p = problem(rng, 5, 6, 3, 40, True)
+    _check(_run_plan(cp, monkeypatch, p, np.float32, plan), p, np.float32)
+
+
+@pytest.mark.parametrize("dtype,top", [(np.float32, 256), (np.float64, 128)], ids=["f32", "f64"])
+def test_fast_path_on_both_sides_of_the_cluster_scope_limit(cp, rng, dtype, top):
+    for H, scope in ((top, "cluster"), (top + 1, "grid")):
+        assert gru_module.fast_plan(4, H, 2, dtype).scope == scope
+        p = problem(rng, 4, 4, 3, H, True)
+        got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path="fast")]
+        _check(got, p, dtype)
 
 
 @path_param

@@ -61,6 +61,9 @@ class HostLoop:
             product = (a.T if transa else a) @ (b.T if transb else b)
             c[...] = product + beta * c if beta else product
 
+    def launch(self, func, grid, block, args, *, shared_mem=0, cooperative=False):
+        func(grid, block, shared_mem, *args)
+
     def kernel(self, func, grid, block, args, step_arg):
         args = list(args)
 
@@ -122,6 +125,164 @@ def backward_step(D, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
         dh[d * BH + i] = dhv * z
 
 
+class _Tile:
+    """The thread layout of gru_tile_forward/backward in block c of a cluster: thread tid is
+    unit u = tid // KS, lane ks = tid % KS; its weights cover the packs ks + q*KS."""
+
+    def __init__(self, c, H, J, KS, V):
+        tid = np.arange(gru_module.FAST_THREADS)
+        self.u, self.ks = tid // KS, tid % KS
+        self.active = self.u < min(J, H - c * J)
+        self.j = np.where(self.active, c * J + self.u, 0)
+        q = np.arange(gru_module.TILE_PACKS)
+        # k[tid, q, e] = (ks + q*KS)*V + e
+        self.k = ((self.ks[:, None, None] + q[None, :, None] * KS) * V
+                  + np.arange(V)[None, None, :])
+        self.valid = self.active[:, None, None] & (self.k < H)
+        self.KS = KS
+
+    def weights(self, w, H, fwd):
+        """w[tid, g, q, e] as gru_tile_weights loads it (zero outside H)."""
+        k = np.minimum(self.k, H - 1)
+        g = np.arange(3)[None, :, None, None]
+        j = self.j[:, None, None, None]
+        at = (g * H + j) * H + k[:, None] if fwd else (g * H + k[:, None]) * H + j
+        return np.where(self.valid[:, None], w[at], 0.0)
+
+    def product(self, wt, v_rows, HP, gstride):
+        """gru_tile_product: per row i, the lane-summed acc[i][g] of every thread."""
+        out = []
+        for v in v_rows:
+            k = np.minimum(self.k, HP - 1)
+            vals = np.stack([v[g * gstride + k] for g in range(3)], axis=1)  # tid, g, q, e
+            vals = np.where((self.k < HP)[:, None], vals, 0.0)
+            part = (wt * vals).sum(axis=(2, 3))                              # tid, g
+            unit = part.reshape(-1, self.KS, 3).sum(axis=1)                  # u, g
+            out.append(unit[self.u])
+        return out
+
+    def mine(self, i, rows):
+        return self.active & (i < rows) & (i % self.KS == self.ks)
+
+
+def tile_forward(train, C):
+    """gru_tile_forward<T, C, TRAIN> for every cluster, its blocks in lock step."""
+    def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
+            R):
+        gi, w_hh, b_ih, b_hh, hs, y, gates, h_n = (
+            a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs, y, gates, h_n))
+        D, V, H3, BH = grid[1], 2, 3 * H, B * H
+        HP = -(-H // V) * V
+        assert block[0] == gru_module.FAST_THREADS and grid[0] % C == 0
+        assert smem == 16 + (2 * HP + 2 * J + gru_module.TILE_AHEAD * 3 * J) * R * 8
+        assert C == 1 or J % V == 0
+        for d in range(D):
+            for grp in range(grid[0] // C):
+                b0 = grp * R
+                rows = min(R, B - b0)
+                tiles = [_Tile(c, H, J, KS, V) for c in range(C)]
+                wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, True) for tl in tiles]
+                h_s = np.zeros((2, R, HP))            # the same in every block
+                for i in range(rows):
+                    h_s[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
+                for s in range(steps):
+                    t = s if d == 0 else steps - 1 - s
+                    cur, nxt = h_s[s & 1], h_s[(s + 1) & 1].copy()
+                    for tl, wt in zip(tiles, wts):
+                        acc = tl.product(wt, [cur[i] for i in range(rows)], HP, 0)
+                        for i in range(rows):
+                            m = tl.mine(i, rows)
+                            j, b = tl.j[m], b0 + i
+                            g_row = (t * B + b) * D * H3 + d * H3
+                            x = [gi[g_row + g * H + j] + b_ih[d * H3 + g * H + j]
+                                 for g in range(3)]
+                            hb = [acc[i][m, g] + b_hh[d * H3 + g * H + j] for g in range(3)]
+                            r = _sigmoid(x[0] + hb[0])
+                            z = _sigmoid(x[1] + hb[1])
+                            n = np.tanh(x[2] + r * hb[2])
+                            h_new = (1 - z) * n + z * cur[i, j]
+                            hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
+                            y[(t * B + b) * D * H + d * H + j] = h_new
+                            if s == steps - 1:
+                                h_n[d * BH + b * H + j] = h_new
+                            if train:
+                                g0 = ((d * steps + s) * B + b) * 4 * H
+                                for gate, v in enumerate((r, z, n, hb[2])):
+                                    gates[g0 + gate * H + j] = v
+                            nxt[i, j] = h_new
+                    h_s[(s + 1) & 1] = nxt
+    return run
+
+
+def tile_backward(C):
+    """gru_tile_backward<T, C> for every cluster, its blocks in lock step."""
+    def run(grid, block, smem, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS,
+            R):
+        assert isinstance(dh_n, np.ndarray) or dh_n == 0     # 0: a null pointer, zeros
+        dh_n = dh_n.reshape(-1) if isinstance(dh_n, np.ndarray) else None
+        dy, gates, hs, w_hh, dgi, dgh, dh0 = (
+            a.reshape(-1) for a in (dy, gates, hs, w_hh, dgi, dgh, dh0))
+        D, V, H3, BH = grid[1], 2, 3 * H, B * H
+        HP = -(-H // V) * V
+        LD = 3 * HP
+        assert smem == 16 + (2 * LD + 6 * J + gru_module.TILE_AHEAD * 6 * J) * R * 8
+        assert C == 1 or J % V == 0
+        for d in range(D):
+            for grp in range(grid[0] // C):
+                b0 = grp * R
+                rows = min(R, B - b0)
+                tiles = [_Tile(c, H, J, KS, V) for c in range(C)]
+                wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, False) for tl in tiles]
+                g_s = np.zeros((2, R, LD))
+                carry = [{i: 0.0 if dh_n is None else
+                          dh_n[d * BH + (b0 + i) * H + tl.j[tl.mine(i, rows)]]
+                          for i in range(rows)} for tl in tiles]
+                dhz = [{i: 0.0 for i in range(rows)} for tl in tiles]
+                for s in range(steps - 1, -1, -1):
+                    t = s if d == 0 else steps - 1 - s
+                    nxt = g_s[s & 1].copy()
+                    for c, (tl, wt) in enumerate(zip(tiles, wts)):
+                        if s < steps - 1:
+                            acc = tl.product(wt, [g_s[(s + 1) & 1, i] for i in range(rows)],
+                                             HP, HP)
+                        for i in range(rows):
+                            m = tl.mine(i, rows)
+                            j, b = tl.j[m], b0 + i
+                            if s < steps - 1:
+                                a = acc[i][m]
+                                carry[c][i] = dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
+                            g0 = ((d * steps + s) * B + b) * 4 * H
+                            r, z, n, hn = (gates[g0 + gate * H + j] for gate in range(4))
+                            h = hs[(d * (steps + 1) + s) * BH + b * H + j]
+                            dhv = dy[(t * B + b) * D * H + d * H + j] + carry[c][i]
+                            dn = dhv * (1 - z) * (1 - n * n)
+                            dz = dhv * (h - n) * z * (1 - z)
+                            dr = dn * hn * r * (1 - r)
+                            dhz[c][i] = dhv * z
+                            ri, rh = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
+                            dgi[ri + j], dgi[ri + H + j], dgi[ri + 2 * H + j] = dr, dz, dn
+                            dgh[rh + j], dgh[rh + H + j], dgh[rh + 2 * H + j] = dr, dz, dn * r
+                            nxt[i, j], nxt[i, HP + j], nxt[i, 2 * HP + j] = dr, dz, dn * r
+                    g_s[s & 1] = nxt
+                for c, (tl, wt) in enumerate(zip(tiles, wts)):
+                    acc = tl.product(wt, [g_s[0, i] for i in range(rows)], HP, HP)
+                    for i in range(rows):
+                        m = tl.mine(i, rows)
+                        a = acc[i][m]
+                        dh0[d * BH + (b0 + i) * H + tl.j[m]] = \
+                            dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
+    return run
+
+
+def sum_chunks(grid, block, shared_mem, part, out, n, ld, chunks):
+    """gru_sum_chunks<T>: the partials added in chunk order."""
+    part, out = part.reshape(-1), out.reshape(-1)
+    acc = part[:n].copy()
+    for c in range(1, chunks):
+        acc += part[c * ld:c * ld + n]
+    out[:n] = acc
+
+
 @pytest.fixture
 def host_device(monkeypatch):
     fake = types.SimpleNamespace(
@@ -131,9 +292,18 @@ def host_device(monkeypatch):
         ones=lambda shape, dt: np.ones(shape, dt).view(DevArray))
     kernels = {"gru_forward_step<double,true>": forward_step(True),
                "gru_forward_step<double,false>": forward_step(False),
-               "gru_backward_step<double>": backward_step}
+               "gru_backward_step<double>": backward_step,
+               "gru_sum_chunks<double>": sum_chunks}
+    for c in _rt.GRU_CLUSTERS:
+        kernels[f"gru_tile_backward<double,{c}>"] = tile_backward(c)
+        for train in (True, False):
+            kernels[f"gru_tile_forward<double,{c},{str(train).lower()}>"] = tile_forward(train, c)
     monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
     monkeypatch.setattr(_rt, "kernel", lambda filename, name: kernels[name])
+    monkeypatch.setattr(gru_module, "_persist_kernel", lambda name, smem: kernels[name])
+    monkeypatch.setattr(gru_module, "_ones", fake.ones)
+    monkeypatch.setattr(_rt, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
+    monkeypatch.setattr(_rt, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
     monkeypatch.setattr(_rt, "StepLoop", HostLoop)
     # min chunk of 64 rows, so that the chunked weight-gradient sums run here too
     monkeypatch.setattr(gru_module, "MIN_CHUNK_ROWS", 64)
@@ -143,7 +313,11 @@ def host_device(monkeypatch):
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 3, 2, 3, True, True),
                                            (5, 1, 3, 2, True, False), (130, 17, 2, 3, True, True),
                                            (33, 130, 1, 2, False, False)])
-def test_gpu_path_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0):
+@pytest.mark.parametrize("batched", [True, False], ids=["batched-chunks", "chunks-add-up"])
+def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
+                                           batched):
+    if not batched:
+        monkeypatch.setattr(gru_module, "WGRAD_PARTIAL_BYTES", 0)
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     dev = host_device
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
@@ -183,3 +357,87 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
         assert plan.kc_fwd <= -(-H // 4) * 4 and plan.kc_bwd <= -(-3 * H // 4) * 4
         assert gru_module._cost(plan, B, H, D, itemsize) > 0
     assert seen > 0
+
+
+@pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 7, 2, 3, True, True),
+                                           (5, 1, 3, 17, True, False), (3, 9, 2, 33, False, True),
+                                           (2, 3, 2, 1, True, True)])
+@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
+def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
+                                               h0, cluster):
+    """The block- and cluster-scope kernels' layout (weights per thread, lanes per unit, the
+    shared buffers, rows per group), transcribed in numpy, on every cluster size and row count
+    the kernels take, computes the oracle's results."""
+    if gru_module._tile_split(B, H, 2 if bi else 1, cluster, 1, 8) is None:
+        pytest.skip("no tile split of this cluster size")
+    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    dev = host_device
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    D = 2 if bi else 1
+    dims = (T, B, I, H, D)
+    for rows in range(1, gru_module.TILE_ROWS + 1):
+        plan = gru_module._tile_split(B, H, D, cluster, rows, 8)
+        for training in (False, True):
+            y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
+                                                       *map(dev, weights(p)), dims, training,
+                                                       plan)
+            np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
+        saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
+        got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, plan)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+    no_dh_n = oracle.gru_backward(p["dy"], None, saved)
+    got = gru_module._backward_gpu(dev(p["dy"]), None, saved_dev, dims, plan)
+    for g, r in zip(got, no_dh_n):
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 130, 256, 257, 512])
+@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
+def test_tile_splits_respect_the_kernels_limits(H, cluster, itemsize):
+    """Every tile split fits the kernels: every block owns units, a unit's lanes divide a
+    warp and cover H with at most TILE_PACKS packs each, the units fit the block."""
+    v = 16 // itemsize
+    for rows in range(1, gru_module.TILE_ROWS + 1):
+        plan = gru_module._tile_split(37, H, 1, cluster, rows, itemsize)
+        if plan is None:
+            continue
+        assert plan.cluster == cluster and plan.rows == rows and plan.groups * rows >= 37
+        assert (cluster - 1) * plan.units < H <= cluster * plan.units
+        assert 32 % plan.lanes == 0
+        assert cluster == 1 or plan.units % v == 0
+        assert plan.units * plan.lanes <= gru_module.FAST_THREADS
+        assert plan.lanes * gru_module.TILE_PACKS * v >= H
+        assert gru_module._tile_cost(plan, H, 1, 132, itemsize) > 0
+    # the largest H the kernels hold at each cluster size; below, every block needs a unit
+    fits = {1: (64, 64), 2: (128, 64), 4: (128, 128), 8: (256, 128)}[cluster][itemsize // 8]
+    units = -(-H // cluster)
+    if cluster > 1:
+        units = -(-units // v) * v        # clusters exchange whole 16-byte packs of units
+    every_block = (cluster - 1) * units < H
+    assert ((gru_module._tile_split(1, H, 1, cluster, 1, itemsize) is not None)
+            == (H <= fits and every_block))
+
+
+def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkeypatch):
+    """StepLoop._pack (no GPU): every parameter address points at the argument's bytes, as
+    cuLaunchKernel copies them: a device pointer, int32, int64, float32 and float64."""
+    fake = types.SimpleNamespace(ndarray=DevArray)
+    monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
+    loop = _rt.StepLoop.__new__(_rt.StepLoop)
+    loop._ctypes = ctypes
+    arr = np.zeros(3).view(DevArray)
+    args = (arr, np.int32(-7), np.int64(-(1 << 40)), np.float32(0.1), np.float64(-2.5),
+            np.int32(123456))
+    slots, params = loop._pack(args)
+    read = [ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double,
+            ctypes.c_int32]
+    got = [t.from_address(params[k]).value for k, t in enumerate(read)]
+    assert got[0] == arr.data.ptr
+    assert got[1:3] == [-7, -(1 << 40)] and got[5] == 123456
+    assert np.float32(got[3]) == np.float32(0.1) and got[4] == -2.5
+    with pytest.raises(TypeError, match="not supported"):
+        loop._pack((1.5,))

@@ -480,3 +480,473 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
         }
     }
 }
+
+// ---- the fast path at block and cluster scope: weights in registers ----------------------
+// For hidden sizes up to a few hundred units. A cluster of C blocks (C = 1: one block) runs
+// one direction d for one group of at most GRU_TILE_ROWS batch rows, b0 = g*R: gridDim.x =
+// groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
+// so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
+// j0 = c*J; thread (u = tid / KS, ks = tid % KS) holds, for unit j0 + u, the weights of the
+// 16-byte packs p = ks + q*KS (q < GRU_TILE_PACKS) of each gate, in registers:
+//   forward   w[g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
+//   backward  w[g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
+// Every block keeps the whole vector its product needs in shared memory, double-buffered by
+// step parity: h (R x H) forward, d_gate_h (R x 3H) backward. Each step the KS lanes of a
+// unit sum their packs (two partial sums, even and odd q), add across the lanes with a
+// butterfly (every lane gets the same bits: each level adds the same two values, only in
+// swapped order), and lane ks == i % KS applies the pointwise step to row i. It writes the
+// outputs to global memory and its unit's new values into the other buffer of every block of
+// the cluster (distributed shared memory); one barrier (the cluster's, or __syncthreads)
+// ends the step. A block's writes into step s+1's buffer cannot race the reads of step s-1's
+// (the same buffer): the barrier ending step s lies between them.
+#define GRU_TILE_PACKS 8   // 16-byte packs per gate and thread: H <= KS * 8 * V
+#define GRU_TILE_ROWS 4    // batch rows per group, at most
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
+#else
+#define GRU_CLUSTER_DIMS(c)
+#endif
+
+template <int C> __device__ __forceinline__ int gru_cluster_rank() {
+    unsigned int r = 0;
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return (int)r;
+}
+
+// every thread of the cluster (C > 1, release/acquire) or of the block waits here
+template <int C> __device__ __forceinline__ void gru_cluster_barrier() {
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) {
+        asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        return;
+    }
+#endif
+    __syncthreads();
+}
+
+// one 16-byte pack from shared memory
+template <typename T>
+__device__ __forceinline__ void gru_smem_pack(const T* p, T (&v)[Pack16<T>::N]) {
+    typedef typename Pack16<T>::type P;
+    const P q = *reinterpret_cast<const P*>(p);
+    const T* s = reinterpret_cast<const T*>(&q);
+#pragma unroll
+    for (int e = 0; e < Pack16<T>::N; ++e) v[e] = s[e];
+}
+
+// Cluster scope without a cluster-wide barrier per step. The pointwise step writes the block's
+// new values (its units, its rows) into a local stage (double-buffered by step parity); after
+// __syncthreads, warp 0 pushes the stage into exchange buffer b of every block of the cluster
+// with 16-byte stores to distributed shared memory, lane l serving block l % C, and each lane
+// then arrives (release, cluster scope) on mbarrier b of the block it served. Every block has
+// two mbarriers, one per exchange buffer; a phase completes after 32 arrivals (32 / C lanes
+// from each of the C blocks), and a block waits (acquire) for it before reading the buffer.
+// Buffer b is rewritten only two steps later, after every block's __syncthreads following its
+// reads and its pushes' arrivals: the two buffers (and mbarriers) alternate by step.
+__device__ __forceinline__ unsigned int gru_smem_addr(const void* p) {
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+template <int C> __device__ __forceinline__ void gru_exchange_init(unsigned long long* bars) {
+#if __CUDA_ARCH__ >= 900
+    if (C > 1 && threadIdx.x == 0) {
+        for (int b = 0; b < 2; ++b)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                         ::"r"(gru_smem_addr(bars + b)), "r"(32) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+}
+
+// a 16-byte pack into the shared memory of block `rank` of the cluster, at the address
+// `local` has in this block
+template <typename T>
+__device__ __forceinline__ void gru_store_remote16(T* local, int rank, const T* v) {
+#if __CUDA_ARCH__ >= 900
+    unsigned int ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(ra) : "r"(gru_smem_addr(local)), "r"(rank));
+    if (sizeof(T) == 4) {
+        const float* f = reinterpret_cast<const float*>(v);
+        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};"
+                     ::"r"(ra), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3]) : "memory");
+    } else {
+        const double* f = reinterpret_cast<const double*>(v);
+        asm volatile("st.shared::cluster.v2.f64 [%0], {%1, %2};"
+                     ::"r"(ra), "d"(f[0]), "d"(f[1]) : "memory");
+    }
+#endif
+}
+
+// The end of a step that wrote its values into `stage` (rows x segs x J, segment g of row i at
+// (i*segs + g)*J): push them into exchange buffer b of every block (row i, segment g at
+// dst + i*ld + g*gstride + j0) and arrive; with C = 1 the values are already in place and a
+// __syncthreads ends the step. J and j0 are multiples of the pack; packs past HP are not sent.
+template <typename T, int C>
+__device__ __forceinline__ void gru_exchange_done(unsigned long long* bars, int b, T* dst,
+                                                  int ld, int gstride, const T* stage,
+                                                  int rows, int segs, int J, int j0, int HP) {
+    __syncthreads();
+#if __CUDA_ARCH__ >= 900
+    if (C > 1 && threadIdx.x < 32) {
+        constexpr int V = Pack16<T>::N;
+        const int lane = threadIdx.x, rank = lane % C;
+        const int npk = min(J, HP - j0) / V, total = rows * segs * npk;
+        for (int idx = lane / C; idx < total; idx += 32 / C) {
+            const int row = idx / npk, pk = idx - row * npk;       // row = i*segs + g
+            const int i = row / segs, g = row - i * segs;
+            T v[V];
+            gru_smem_pack(stage + row * J + pk * V, v);
+            gru_store_remote16(dst + i * ld + g * gstride + j0 + pk * V, rank, v);
+        }
+        unsigned int ra;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                     : "=r"(ra) : "r"(gru_smem_addr(bars + b)), "r"(rank));
+        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];"
+                     ::"r"(ra) : "memory");
+    }
+#endif
+}
+
+// before reading exchange buffer b as written in the pass's step number `it` - 1 (it >= 1)
+template <int C> __device__ __forceinline__ void gru_exchange_wait(unsigned long long* bars,
+                                                                   int b, int it) {
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) {
+        const unsigned int a = gru_smem_addr(bars + b), parity = ((it - 1) >> 1) & 1;
+        unsigned int done;
+        do {
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;"
+                         "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done) : "r"(a), "r"(parity) : "memory");
+        } while (!done);
+    }
+#endif
+}
+
+// Asynchronous copies (cp.async, sm_80 on) of what a step reads from global memory and what
+// does not depend on the recurrence, GRU_TILE_AHEAD steps ahead, into a ring in shared
+// memory: each lane copies exactly the elements it later reads, so waiting for its own copy
+// groups makes them visible to it (no barrier needed).
+#define GRU_TILE_AHEAD 8
+
+template <typename T> __device__ __forceinline__ void gru_copy_async(T* dst, const T* src) {
+    const unsigned int a = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(a), "l"(src), "n"(sizeof(T))
+                 : "memory");
+}
+__device__ __forceinline__ void gru_copy_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// all but the latest GRU_TILE_AHEAD - 1 copy groups of this thread have landed
+__device__ __forceinline__ void gru_copy_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(GRU_TILE_AHEAD - 1) : "memory");
+}
+
+// the sum over the KS lanes of a unit (KS a power of two up to 32), the same bits in each
+template <typename T> __device__ __forceinline__ T gru_lane_sum(T v, int KS) {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        if (off < KS) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+
+// the thread's weights: forward rows (FWD) or backward columns of unit j, zero outside H
+template <typename T, bool FWD>
+__device__ __forceinline__ void gru_tile_weights(T (&w)[3][GRU_TILE_PACKS][Pack16<T>::N],
+                                                 const T* wd, int H, int j, int ks, int KS,
+                                                 bool active) {
+    constexpr int V = Pack16<T>::N;
+#pragma unroll
+    for (int g = 0; g < 3; ++g)
+#pragma unroll
+        for (int q = 0; q < GRU_TILE_PACKS; ++q)
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const int k = (ks + q * KS) * V + e;
+                const long long at = FWD ? ((long long)g * H + j) * H + k
+                                         : ((long long)g * H + k) * H + j;
+                w[g][q][e] = (active && k < H) ? wd[at] : T(0);
+            }
+}
+
+// acc[i][g] = this thread's part of sum over k of w[g][k] * v_s[i][g*gstride + k] for rows
+// i < rows (ONE: one vector for the three gates, gstride unused), then summed across the
+// unit's lanes
+template <bool ONE, typename T>
+__device__ __forceinline__ void gru_tile_product(T (&acc)[GRU_TILE_ROWS][3],
+                                                 const T (&w)[3][GRU_TILE_PACKS][Pack16<T>::N],
+                                                 const T* v_s, int ld, int gstride, int rows,
+                                                 int packs, int ks, int KS) {
+    constexpr int V = Pack16<T>::N;
+    T acc2[GRU_TILE_ROWS][3];
+#pragma unroll
+    for (int i = 0; i < GRU_TILE_ROWS; ++i)
+#pragma unroll
+        for (int g = 0; g < 3; ++g) acc[i][g] = acc2[i][g] = T(0);
+#pragma unroll
+    for (int i = 0; i < GRU_TILE_ROWS; ++i) {
+        if (i >= rows) break;
+#pragma unroll
+        for (int q = 0; q < GRU_TILE_PACKS; ++q) {
+            const int p = ks + q * KS;
+            if (p < packs) {
+                T v[V];
+#pragma unroll
+                for (int g = 0; g < 3; ++g) {
+                    if (g == 0 || !ONE) gru_smem_pack(v_s + i * ld + g * gstride + p * V, v);
+                    if (q & 1) gru_dot16(acc2[i][g], w[g][q], v);
+                    else gru_dot16(acc[i][g], w[g][q], v);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GRU_TILE_ROWS; ++i)
+        if (i < rows)
+#pragma unroll
+            for (int g = 0; g < 3; ++g) acc[i][g] = gru_lane_sum(acc[i][g] + acc2[i][g], KS);
+}
+
+// acc[i][g] of row i = ks (a lane serves the row of its own lane number; KS >= the rows)
+template <typename T>
+__device__ __forceinline__ void gru_row_of_lane(T (&out)[3], const T (&acc)[GRU_TILE_ROWS][3],
+                                                int ks) {
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+        out[g] = acc[0][g];
+#pragma unroll
+        for (int i = 1; i < GRU_TILE_ROWS; ++i)
+            if (ks == i) out[g] = acc[i][g];
+    }
+}
+
+template <typename T, int C, bool TRAIN>
+__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
+                 const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
+                 T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
+                 int B, int H, int S, int J, int KS, int R) {
+    constexpr int V = Pack16<T>::N;
+    extern __shared__ __align__(16) unsigned char gru_smem[];
+    const int packs = (H + V - 1) / V, HP = packs * V;
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
+    T* h_s = reinterpret_cast<T*>(gru_smem + 16);        // [2][R][HP]
+    T* stage = h_s + 2 * R * HP;                           // [2][R][J] (cluster exchange)
+    T* x_s = stage + 2 * R * J;                            // [GRU_TILE_AHEAD][R][3][J]
+    const int D = gridDim.y, d = blockIdx.y, c = gru_cluster_rank<C>();
+    const int b0 = (blockIdx.x / C) * R, rows = min(R, B - b0);
+    const int j0 = c * J, u = threadIdx.x / KS, ks = threadIdx.x % KS;
+    const bool active = u < min(J, H - j0);
+    const int j = active ? j0 + u : 0;
+    const long long H3 = 3LL * H, BH = (long long)B * H;
+    T w[3][GRU_TILE_PACKS][V];
+    gru_tile_weights<T, true>(w, w_hh + d * H3 * H, H, j, ks, KS, active);
+    for (int idx = threadIdx.x; idx < 2 * R * HP; idx += GRU_NT) {
+        const int i = (idx / HP) % R, k = idx % HP;
+        h_s[idx] = (idx < R * HP && i < rows && k < H)
+                       ? hs[(long long)d * S * BH + (long long)(b0 + i) * H + k] : T(0);
+    }
+    for (int idx = threadIdx.x; idx < 2 * R * J; idx += GRU_NT) stage[idx] = T(0);
+    // lane ks of unit j serves row b0 + ks: its biases, and the addresses of its row at step
+    // or time 0 with the stride per step (or time)
+    const bool mine = active && ks < rows;
+    const int bm = mine ? b0 + ks : 0;
+    T bi[3], bh[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+        bi[g] = mine ? b_ih[d * H3 + g * H + j] : T(0);
+        bh[g] = mine ? b_hh[d * H3 + g * H + j] : T(0);
+    }
+    const T* gi_m = gi + ((long long)bm * D + d) * H3 + j;           // + t * B*D*3H
+    T* y_m = y + ((long long)bm * D + d) * H + j;                     // + t * B*D*H
+    T* hs_m = hs + (long long)d * S * BH + (long long)bm * H + j;     // + slot * B*H
+    T* gates_m = gates + ((long long)d * steps * B + bm) * 4 * H + j; // + s * B*4H
+    const long long gi_t = (long long)B * D * H3, y_t = (long long)B * D * H;
+    // the input projection of step s into the ring, GRU_TILE_AHEAD steps ahead
+    auto fetch = [&](int s) {
+        if (mine && s < steps) {
+            const T* src = gi_m + gru_time(d, steps, s) * gi_t;
+            T* dst = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 3 * J + u;
+#pragma unroll
+            for (int g = 0; g < 3; ++g) gru_copy_async(dst + g * J, src + g * H);
+        }
+        gru_copy_commit();
+    };
+    for (int s = 0; s < GRU_TILE_AHEAD; ++s) fetch(s);
+    gru_exchange_init<C>(bars);
+    gru_cluster_barrier<C>();   // every block of the cluster has started and filled h_s
+    for (int s = 0; s < steps; ++s) {
+        if (s > 0) gru_exchange_wait<C>(bars, s & 1, s);
+        const T* cur = h_s + (s & 1) * R * HP;
+        T* nxt = h_s + ((s + 1) & 1) * R * HP;
+        T acc[GRU_TILE_ROWS][3];
+        gru_tile_product<true>(acc, w, cur, HP, 0, rows, packs, ks, KS);
+        gru_copy_wait();
+        if (mine) {
+            T gh[3];
+            gru_row_of_lane(gh, acc, ks);
+            const T* x = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 3 * J + u;
+            const T hn = gh[2] + bh[2];
+            T r, z, n;
+            const T h_new = gru_cell(x[0] + bi[0], x[J] + bi[1], x[2 * J] + bi[2],
+                                     gh[0] + bh[0], gh[1] + bh[1], hn, cur[ks * HP + j], r, z,
+                                     n);
+            const int t = gru_time(d, steps, s);
+            hs_m[((s + 1) % S) * BH] = h_new;
+            y_m[t * y_t] = h_new;
+            if (s == steps - 1) h_n[d * BH + (long long)bm * H + j] = h_new;
+            if (TRAIN) {
+                T* g = gates_m + (long long)s * B * 4 * H;
+                g[0] = r;
+                g[H] = z;
+                g[2 * H] = n;
+                g[3 * H] = hn;
+            }
+            if (C > 1) stage[((s & 1) * R + ks) * J + u] = h_new;
+            else nxt[ks * HP + j] = h_new;
+        }
+        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same lane)
+        gru_exchange_done<T, C>(bars, (s + 1) & 1, nxt, HP, 0, stage + (s & 1) * R * J, rows, 1,
+                                J, j0, HP);
+    }
+    if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
+}
+
+template <typename T, int C>
+__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
+                  const T* __restrict__ hs, const T* __restrict__ w_hh,
+                  const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
+                  T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J,
+                  int KS, int R) {
+    constexpr int V = Pack16<T>::N;
+    extern __shared__ __align__(16) unsigned char gru_smem[];
+    const int packs = (H + V - 1) / V, HP = packs * V, LD = 3 * HP;
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
+    T* g_s = reinterpret_cast<T*>(gru_smem + 16);        // [2][R][3][HP]
+    T* stage = g_s + 2 * R * LD;                           // [2][R][3][J] (cluster exchange)
+    T* x_s = stage + 6 * R * J;                            // [GRU_TILE_AHEAD][R][6][J]
+    const int D = gridDim.y, d = blockIdx.y, c = gru_cluster_rank<C>();
+    const int b0 = (blockIdx.x / C) * R, rows = min(R, B - b0);
+    const int j0 = c * J, u = threadIdx.x / KS, ks = threadIdx.x % KS;
+    const bool active = u < min(J, H - j0);
+    const int j = active ? j0 + u : 0;
+    const long long H3 = 3LL * H, BH = (long long)B * H;
+    T w[3][GRU_TILE_PACKS][V];
+    gru_tile_weights<T, false>(w, w_hh + d * H3 * H, H, j, ks, KS, active);
+    for (int idx = threadIdx.x; idx < 2 * R * LD; idx += GRU_NT) g_s[idx] = T(0);
+    for (int idx = threadIdx.x; idx < 6 * R * J; idx += GRU_NT) stage[idx] = T(0);
+    // lane ks of unit j serves row b0 + ks: the carried gradient, dh*z, and the addresses of
+    // its row at step or time 0 with the stride per step (or time)
+    const bool mine = active && ks < rows;
+    const int bm = mine ? b0 + ks : 0;
+    T carry = (mine && dh_n) ? dh_n[d * BH + (long long)bm * H + j] : T(0), dhz = T(0);
+    const T* dy_m = dy + ((long long)bm * D + d) * H + j;                     // + t*B*D*H
+    const T* gates_m = gates + ((long long)d * steps * B + bm) * 4 * H + j;   // + s*B*4H
+    const T* hs_m = hs + ((long long)d * (steps + 1) * B + bm) * H + j;       // + s*B*H
+    T* dgi_m = dgi + ((long long)bm * D + d) * H3 + j;                        // + t*B*D*3H
+    T* dgh_m = dgh + ((long long)d * steps * B + bm) * H3 + j;                // + s*B*3H
+    const long long dy_t = (long long)B * D * H, dgi_t = (long long)B * D * H3;
+    // what S1 reads besides the carry, step s (counting down) into ring slot s % AHEAD:
+    // r, z, n, hn, h, dy
+    auto fetch = [&](int s) {
+        if (mine && s >= 0) {
+            const T* g = gates_m + (long long)s * B * 4 * H;
+            T* v = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 6 * J + u;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) gru_copy_async(v + k * J, g + k * H);
+            gru_copy_async(v + 4 * J, hs_m + s * BH);
+            gru_copy_async(v + 5 * J, dy_m + gru_time(d, steps, s) * dy_t);
+        }
+        gru_copy_commit();
+    };
+    for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
+    gru_exchange_init<C>(bars);
+    gru_cluster_barrier<C>();   // every block of the cluster has started and zeroed g_s
+    T acc[GRU_TILE_ROWS][3];
+    for (int s = steps - 1; s >= 0; --s) {
+        if (s < steps - 1) {
+            // d_gate_h of step s + 1, written into buffer (s + 1) & 1
+            gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
+            gru_tile_product<false>(acc, w, g_s + ((s + 1) & 1) * R * LD, LD, HP, rows, packs,
+                                    ks, KS);
+            T gsum[3];
+            gru_row_of_lane(gsum, acc, ks);
+            carry = dhz + ((gsum[0] + gsum[1]) + gsum[2]);
+        }
+        gru_copy_wait();
+        T* nxt = g_s + (s & 1) * R * LD;
+        if (mine) {
+            const T* v = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 6 * J + u;
+            const T r = v[0];
+            T dr, dz, dn;
+            dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
+                                    dr, dz, dn);
+            const int t = gru_time(d, steps, s);
+            T* gi_row = dgi_m + t * dgi_t;
+            gi_row[0] = dr;
+            gi_row[H] = dz;
+            gi_row[2 * H] = dn;
+            T* gh_row = dgh_m + (long long)s * B * H3;
+            gh_row[0] = dr;
+            gh_row[H] = dz;
+            gh_row[2 * H] = dn * r;
+            if (C > 1) {
+                T* st = stage + ((s & 1) * R + ks) * 3 * J + u;
+                st[0] = dr;
+                st[J] = dz;
+                st[2 * J] = dn * r;
+            } else {
+                nxt[ks * LD + j] = dr;
+                nxt[ks * LD + HP + j] = dz;
+                nxt[ks * LD + 2 * HP + j] = dn * r;
+            }
+        }
+        fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this same lane)
+        gru_exchange_done<T, C>(bars, s & 1, nxt, LD, HP, stage + (s & 1) * R * 3 * J, rows, 3,
+                                J, j0, HP);
+    }
+    gru_exchange_wait<C>(bars, 0, steps);
+    gru_tile_product<false>(acc, w, g_s, LD, HP, rows, packs, ks, KS);   // d_gate_h, step 0
+    if (mine) {
+        T gsum[3];
+        gru_row_of_lane(gsum, acc, ks);
+        dh0[d * BH + (long long)bm * H + j] = dhz + ((gsum[0] + gsum[1]) + gsum[2]);
+    }
+    if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
+}
+
+// ---- the weight-gradient tail ------------------------------------------------------------
+// out[k] = part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n (part rows ld apart):
+// the per-chunk weight-gradient GEMMs' results folded in. Grid-stride over k.
+template <typename T>
+__global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, long long n,
+                               long long ld, int chunks) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
+        T a = part[k];
+        for (int c = 1; c < chunks; ++c) a += part[c * ld + k];
+        out[k] = a;
+    }
+}
+
+// ---- barrier probes for the benchmark: n barriers of one scope and nothing else -----------
+// The floor of the fast path's step: its barrier (block or cluster; grid below), timed alone.
+template <int C>
+__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C) gru_barrier_probe(int n) {
+    for (int i = 0; i < n; ++i) gru_cluster_barrier<C>();
+}
+
+// the grid-scope kernels' barrier across the gridDim.x blocks of each grid row (cooperative)
+__global__ void __launch_bounds__(GRU_NT, 1) gru_grid_barrier_probe(unsigned int* barrier,
+                                                                    int n) {
+    unsigned int target = 0;
+    for (int i = 0; i < n; ++i) gru_group_barrier(barrier + blockIdx.y, gridDim.x, target);
+}
