@@ -572,14 +572,70 @@ def plot(rows, path):
     return True
 
 
+def tile_sweep(shape_ids, repeat):
+    """Every tile split (cluster size x rows per group) of each shape, timed: the forward
+    pass with history and the backward recurrence (device ms), against the cost model's
+    estimate and its choice. Returns markdown lines."""
+    import cupy as cp
+
+    from cugru import gru
+    from cugru._args import GruSaved
+    dev = cp.cuda.runtime.getDevice()
+    lines = ["### Tile splits per shape (`python -m bench.gru --sweep`)", "",
+             "Forward (history kept) and backward recurrence, device ms, for every cluster "
+             "size and rows per group the tile kernels take; * = fast_plan's choice.", "",
+             "| id | cluster | rows | blocks | clusters at once | forward | backward |",
+             "|---|---|---|---|---|---|---|"]
+    for sid in shape_ids:
+        T, B, I, H, bi = SHAPES[sid]
+        p = make_problem(T, B, I, H, bi)
+        D = 2 if bi else 1
+        chosen = gru.fast_plan(B, H, D, np.float32)
+        a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
+        w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
+        dims = (T, B, I, H, D)
+        for c in _rt_clusters():
+            for rows in range(1, gru.TILE_ROWS + 1):
+                plan = gru._tile_split(B, H, D, c, rows, 4)
+                if plan is None:
+                    continue
+                fwd = lambda: gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan)  # noqa
+                y, hn, hs, gates = fwd()
+                saved = GruSaved(a["x"], a["w_ih"], a["w_hh"], hs, gates, False)
+                bwd = lambda: gru._backward_recurrence(a["dy"], None, saved, dims, plan)  # noqa
+                tf = suite.gpu_time_us(fwd, n_repeat=repeat) / 1e3
+                tb = suite.gpu_time_us(bwd, n_repeat=repeat) / 1e3
+                mark = " *" if plan == chosen else ""
+                lines.append(f"| {sid} | {c}{mark} | {rows} | {plan.blocks * D} | "
+                             f"{gru._clusters_at_once(plan, 'float32', dev)} | {tf:.3f} | "
+                             f"{tb:.3f} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
+def _rt_clusters():
+    from cukernels import _rt
+    return _rt.GRU_CLUSTERS
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cugru against cuDNN on S1-S10")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU fallback rows")
+    ap.add_argument("--sweep", action="store_true",
+                    help="only time every tile split of the shapes (tuning the cost model)")
     args = ap.parse_args(argv)
     import cupy as cp
+    if args.sweep:
+        table = "\n".join(tile_sweep(args.shapes.split(","), args.repeat)) + "\n"
+        print(table)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "gru-sweep.md"), "w") as f:
+                f.write(table)
+        return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     rows = run(args.shapes.split(","), args.repeat, cpu=not args.no_cpu)
     limits = fast_limits()

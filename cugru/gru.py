@@ -158,14 +158,6 @@ class TilePlan:
 TILE_PACKS = 8
 TILE_ROWS = 4
 TILE_AHEAD = 8
-#: cost model of the tile split, in SM cycles per step: 2 cycles per warp instruction of the
-#: product (8 warps on 4 schedulers), a lane-sum level per TILE_SHUFFLE_CYCLES, the pointwise
-#: step and the barrier (block or cluster, with the shared-memory exchange before it)
-TILE_SHUFFLE_CYCLES = 30
-TILE_POINTWISE_CYCLES = 300
-TILE_BARRIER_CYCLES = {"block": 100, "cluster": 700}
-
-
 def _tile_split(B, H, D, cluster, rows, itemsize):
     """The TilePlan of `cluster` blocks per cluster and `rows` rows per group, or None where
     the tile kernels cannot hold it."""
@@ -188,18 +180,17 @@ def _tile_split(B, H, D, cluster, rows, itemsize):
                     16 + (6 * hp + 6 * units + TILE_AHEAD * 6 * units) * rows * itemsize)
 
 
-def _tile_cost(plan, H, D, sms, itemsize=4):
-    """Estimated cycles per step of a TilePlan (see TILE_SHUFFLE_CYCLES), waves included."""
+def _tile_rank(plan, H, D, clusters_at_once, itemsize=4):
+    """The order in which fast_plan prefers tile splits, from the measurements in
+    docs/performance.md (`python -m bench.gru --sweep`): fewest waves of clusters (groups run
+    at once only as far as the GPU holds their clusters), then fewest rows per group (a step's
+    time grows with them), then one block over a cluster (no exchange through distributed
+    shared memory), then fewest packs per thread (shorter product chains), then the smaller
+    cluster."""
     v = 16 // itemsize
     packs = -(-(-(-H // v)) // plan.lanes)                 # packs per thread and gate
-    levels = plan.lanes.bit_length() - 1
-    step = (2 * plan.rows * packs * 3 * (v + 1) + levels * TILE_SHUFFLE_CYCLES
-            + 3 * plan.rows * levels * 2
-            + TILE_POINTWISE_CYCLES * -(-plan.rows // plan.lanes)
-            + TILE_BARRIER_CYCLES[plan.scope])
-    clusters_at_once = max(1, sms // plan.cluster)
-    waves = -(-(plan.groups * D) // clusters_at_once)
-    return waves * step
+    waves = -(-(plan.groups * D) // max(1, clusters_at_once))
+    return (waves, plan.rows, plan.cluster > 1, packs, plan.cluster)
 
 
 def fast_plan(B, H, D, dtype):
@@ -223,14 +214,37 @@ def _fast_plan(B, H, D, dtype, device_id):
     tiles = [p for p in (_tile_split(B, H, D, c, r, itemsize)
                          for c in clusters for r in range(1, TILE_ROWS + 1)) if p is not None]
     if tiles:
-        return min(tiles, key=lambda p: (_tile_cost(p, H, D, sms, itemsize),
-                                         p.groups * p.cluster, p.cluster))
+        return min(tiles, key=lambda p: _tile_rank(p, H, D, _clusters_at_once(p, dtype,
+                                                                               device_id),
+                                                   itemsize))
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
         if plan.blocks * D <= _resident_blocks(plan, dtype, device_id) * sms:
             return plan
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _clusters_at_once(plan, dtype, device_id):
+    """How many clusters of the plan's tile kernels the GPU runs at once (blocks, for one
+    block per cluster): the driver's occupancy query, or SMs // cluster where it has none."""
+    cp = _rt.cupy_module()
+    c = _rt.ctype(dtype)
+    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    least = None
+    for name, smem in ((f"gru_tile_forward<{c},{plan.cluster},true>", plan.smem_fwd),
+                       (f"gru_tile_backward<{c},{plan.cluster}>", plan.smem_bwd)):
+        fn = _persist_kernel(name, smem)
+        if plan.cluster == 1:
+            n = sms * cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                fn.kernel.ptr, FAST_THREADS, smem)
+        else:
+            n = _rt.max_active_clusters(fn.kernel.ptr, plan.cluster, FAST_THREADS, smem)
+            if n is None:
+                n = sms // plan.cluster
+        least = n if least is None else min(least, n)
+    return least
 
 
 def _resident_blocks(plan, dtype, device_id):

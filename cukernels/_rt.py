@@ -231,6 +231,34 @@ def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ld
         cublas.setPointerMode(handle, mode)
 
 
+def max_active_clusters(func_ptr: int, cluster: int, threads: int, shared_mem: int):
+    """cuOccupancyMaxActiveClusters for a kernel with compile-time cluster dimensions: how
+    many of its clusters the GPU runs at once; None where the driver has no such query."""
+    import ctypes
+    global _CU_DRIVER
+    try:
+        if _CU_DRIVER is None:
+            _CU_DRIVER = ctypes.CDLL("libcuda.so.1")
+        query = _CU_DRIVER.cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+
+    class LaunchConfig(ctypes.Structure):       # CUlaunchConfig
+        _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                    ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                    ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                    ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                    ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+    config = LaunchConfig(cluster, 1, 1, threads, 1, 1, shared_mem, None, None, 0)
+    count = ctypes.c_int(0)
+    rc = query(ctypes.byref(count), ctypes.c_void_p(func_ptr), ctypes.byref(config))
+    return count.value if rc == 0 and count.value > 0 else None
+
+
+_CU_DRIVER = None
+
+
 def copy_bytes(dst: int, src: int, nbytes: int) -> None:
     """Device-to-device copy of nbytes between raw addresses, on the current stream."""
     cp = cupy_module()
