@@ -595,7 +595,7 @@ def tile_sweep(shape_ids, repeat):
         w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
         dims = (T, B, I, H, D)
         for c in _rt_clusters():
-            for rows in range(1, gru.TILE_ROWS + 1):
+            for rows in range(1, gru.TILE_ROWS[4] + 1):
                 plan = gru._tile_split(B, H, D, c, rows, 4)
                 if plan is None:
                     continue

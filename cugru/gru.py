@@ -153,10 +153,10 @@ class TilePlan:
 
 
 #: the tile kernels' limits (kernels/gru.cu): GRU_TILE_PACKS 16-byte packs of each gate's
-#: weights per thread, at most GRU_TILE_ROWS batch rows per cluster; the inputs of
+#: weights per thread, at most TILE_ROWS[itemsize] batch rows per cluster; the inputs of
 #: GRU_TILE_AHEAD steps are in flight
 TILE_PACKS = 8
-TILE_ROWS = 4
+TILE_ROWS = {4: 8, 8: 4}
 TILE_AHEAD = 8
 def _tile_split(B, H, D, cluster, rows, itemsize):
     """The TilePlan of `cluster` blocks per cluster and `rows` rows per group, or None where
@@ -165,12 +165,12 @@ def _tile_split(B, H, D, cluster, rows, itemsize):
     units = -(-H // cluster)
     if cluster > 1:
         units = -(-units // v) * v          # the exchange moves 16-byte packs of units
-    if (cluster - 1) * units >= H or rows > TILE_ROWS:
+    if (cluster - 1) * units >= H or rows > TILE_ROWS[itemsize]:
         return None                                       # a block without units
     lanes = 32
     while lanes > 1 and FAST_THREADS // lanes < units:
         lanes //= 2
-    if FAST_THREADS // lanes < units or lanes * TILE_PACKS * v < H or lanes < TILE_ROWS:
+    if FAST_THREADS // lanes < units or lanes * TILE_PACKS * v < H or lanes < rows:
         return None                         # (lane ks of a unit serves batch row ks)
     hp = -(-H // v) * v
     # two mbarriers, the exchanged vectors (two buffers), the exchange's stage (two) and the
@@ -212,7 +212,8 @@ def _fast_plan(B, H, D, dtype, device_id):
     clusters = [c for c in _rt.GRU_CLUSTERS
                 if c == 1 or int(dev.compute_capability) >= 90]   # clusters: sm_90 on
     tiles = [p for p in (_tile_split(B, H, D, c, r, itemsize)
-                         for c in clusters for r in range(1, TILE_ROWS + 1)) if p is not None]
+                         for c in clusters for r in range(1, TILE_ROWS[itemsize] + 1))
+             if p is not None]
     if tiles:
         return min(tiles, key=lambda p: _tile_rank(p, H, D, _clusters_at_once(p, dtype,
                                                                                device_id),

@@ -199,13 +199,16 @@ def _check(got, p, dtype):
 def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch, cluster,
                                                    dtype):
     """Every cluster size, at the smallest and the largest H it holds (the next H has no
-    split), with one row per group and with full and partial groups of TILE_ROWS rows."""
+    split), with one row per group and with the most rows per group it takes (B = 5: full and
+    partial groups)."""
     it = np.dtype(dtype).itemsize
     holds = [H for H in range(1, 300) if gru_module._tile_split(1, H, 1, cluster, 1, it)]
     low, top = min(holds), max(holds)
     assert gru_module._tile_split(1, top + 1, 1, cluster, 1, it) is None
     for H in (low, top):
-        for rows in (1, gru_module.TILE_ROWS):
+        most = max(r for r in range(1, gru_module.TILE_ROWS[it] + 1)
+                   if gru_module._tile_split(5, H, 2, cluster, r, it))
+        for rows in sorted({1, most}):
             plan = gru_module._tile_split(5, H, 2, cluster, rows, it)
             p = problem(rng, 4, 5, 3, H, True)
             _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)

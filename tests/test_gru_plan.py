@@ -376,7 +376,7 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     D = 2 if bi else 1
     dims = (T, B, I, H, D)
-    for rows in range(1, gru_module.TILE_ROWS + 1):
+    for rows in range(1, gru_module.TILE_ROWS[8] + 1):
         plan = gru_module._tile_split(B, H, D, cluster, rows, 8)
         for training in (False, True):
             y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
@@ -401,13 +401,13 @@ def test_tile_splits_respect_the_kernels_limits(H, cluster, itemsize):
     """Every tile split fits the kernels: every block owns units, a unit's lanes divide a
     warp and cover H with at most TILE_PACKS packs each, the units fit the block."""
     v = 16 // itemsize
-    for rows in range(1, gru_module.TILE_ROWS + 1):
+    for rows in range(1, gru_module.TILE_ROWS[itemsize] + 1):
         plan = gru_module._tile_split(37, H, 1, cluster, rows, itemsize)
         if plan is None:
             continue
         assert plan.cluster == cluster and plan.rows == rows and plan.groups * rows >= 37
         assert (cluster - 1) * plan.units < H <= cluster * plan.units
-        assert 32 % plan.lanes == 0
+        assert 32 % plan.lanes == 0 and plan.lanes >= rows
         assert cluster == 1 or plan.units % v == 0
         assert plan.units * plan.lanes <= gru_module.FAST_THREADS
         assert plan.lanes * gru_module.TILE_PACKS * v >= H

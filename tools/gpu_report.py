@@ -189,6 +189,15 @@ def main(argv=None) -> int:
                      else f"GRU benchmark failed (exit {rc}); see gru-log.txt")
         if os.path.exists(md):
             os.remove(md)
+        # every tile split of the small shapes, against fast_plan's choice
+        rc, secs = sh([py, "-m", "bench.gru", "--sweep", "--shapes", "S1,S2,S3,S4,S5,S6,S7",
+                       "--repeat", "5", "--out", out], os.path.join(out, "gru-log.txt"),
+                      timeout=300)
+        sweep = os.path.join(out, "gru-sweep.md")
+        lines += ["", open(sweep).read() if os.path.exists(sweep)
+                  else f"Tile sweep failed (exit {rc}); see gru-log.txt"]
+        if os.path.exists(sweep):
+            os.remove(sweep)
         write(out, "gru", lines)
 
     if "main" not in skip:

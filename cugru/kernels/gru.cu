@@ -483,7 +483,7 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 
 // ---- the fast path at block and cluster scope: weights in registers ----------------------
 // For hidden sizes up to a few hundred units. A cluster of C blocks (C = 1: one block) runs
-// one direction d for one group of at most GRU_TILE_ROWS batch rows, b0 = g*R: gridDim.x =
+// one direction d for one group of at most GruTileRows<T>::N batch rows, b0 = g*R: gridDim.x =
 // groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
 // so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
 // j0 = c*J; thread (u = tid / KS, ks = tid % KS) holds, for unit j0 + u, the weights of the
@@ -500,7 +500,8 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 // ends the step. A block's writes into step s+1's buffer cannot race the reads of step s-1's
 // (the same buffer): the barrier ending step s lies between them.
 #define GRU_TILE_PACKS 8   // 16-byte packs per gate and thread: H <= KS * 8 * V
-#define GRU_TILE_ROWS 4    // batch rows per group, at most
+// batch rows per group, at most (float: 8; double: 4, where 8 spills registers)
+template <typename T> struct GruTileRows { static constexpr int N = sizeof(T) == 4 ? 8 : 4; };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
@@ -680,18 +681,18 @@ __device__ __forceinline__ void gru_tile_weights(T (&w)[3][GRU_TILE_PACKS][Pack1
 // i < rows (ONE: one vector for the three gates, gstride unused), then summed across the
 // unit's lanes
 template <bool ONE, typename T>
-__device__ __forceinline__ void gru_tile_product(T (&acc)[GRU_TILE_ROWS][3],
+__device__ __forceinline__ void gru_tile_product(T (&acc)[GruTileRows<T>::N][3],
                                                  const T (&w)[3][GRU_TILE_PACKS][Pack16<T>::N],
                                                  const T* v_s, int ld, int gstride, int rows,
                                                  int packs, int ks, int KS) {
-    constexpr int V = Pack16<T>::N;
-    T acc2[GRU_TILE_ROWS][3];
+    constexpr int V = Pack16<T>::N, MR = GruTileRows<T>::N;
+    T acc2[MR][3];
 #pragma unroll
-    for (int i = 0; i < GRU_TILE_ROWS; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma unroll
         for (int g = 0; g < 3; ++g) acc[i][g] = acc2[i][g] = T(0);
 #pragma unroll
-    for (int i = 0; i < GRU_TILE_ROWS; ++i) {
+    for (int i = 0; i < MR; ++i) {
         if (i >= rows) break;
 #pragma unroll
         for (int q = 0; q < GRU_TILE_PACKS; ++q) {
@@ -708,7 +709,7 @@ __device__ __forceinline__ void gru_tile_product(T (&acc)[GRU_TILE_ROWS][3],
         }
     }
 #pragma unroll
-    for (int i = 0; i < GRU_TILE_ROWS; ++i)
+    for (int i = 0; i < MR; ++i)
         if (i < rows)
 #pragma unroll
             for (int g = 0; g < 3; ++g) acc[i][g] = gru_lane_sum(acc[i][g] + acc2[i][g], KS);
@@ -716,13 +717,13 @@ __device__ __forceinline__ void gru_tile_product(T (&acc)[GRU_TILE_ROWS][3],
 
 // acc[i][g] of row i = ks (a lane serves the row of its own lane number; KS >= the rows)
 template <typename T>
-__device__ __forceinline__ void gru_row_of_lane(T (&out)[3], const T (&acc)[GRU_TILE_ROWS][3],
-                                                int ks) {
+__device__ __forceinline__ void gru_row_of_lane(T (&out)[3],
+                                                const T (&acc)[GruTileRows<T>::N][3], int ks) {
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
         out[g] = acc[0][g];
 #pragma unroll
-        for (int i = 1; i < GRU_TILE_ROWS; ++i)
+        for (int i = 1; i < GruTileRows<T>::N; ++i)
             if (ks == i) out[g] = acc[i][g];
     }
 }
@@ -786,7 +787,7 @@ gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
         if (s > 0) gru_exchange_wait<C>(bars, s & 1, s);
         const T* cur = h_s + (s & 1) * R * HP;
         T* nxt = h_s + ((s + 1) & 1) * R * HP;
-        T acc[GRU_TILE_ROWS][3];
+        T acc[GruTileRows<T>::N][3];
         gru_tile_product<true>(acc, w, cur, HP, 0, rows, packs, ks, KS);
         gru_copy_wait();
         if (mine) {
@@ -870,7 +871,7 @@ gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
     for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
     gru_exchange_init<C>(bars);
     gru_cluster_barrier<C>();   // every block of the cluster has started and zeroed g_s
-    T acc[GRU_TILE_ROWS][3];
+    T acc[GruTileRows<T>::N][3];
     for (int s = steps - 1; s >= 0; --s) {
         if (s < steps - 1) {
             // d_gate_h of step s + 1, written into buffer (s + 1) & 1
