@@ -3,11 +3,13 @@
 Two GPU paths share the input projection before the recurrence and the weight-gradient GEMMs
 after it, and the layouts of every buffer (kernels/gru.cu has them):
 
-fast      (kernels/gru.cu) the whole recurrence in one launch per pass: each block
-          keeps its slice of W_hh in shared memory for all steps, and the blocks of a
-          direction wait for each other at a barrier every step. path="auto" takes it where
-          fast_plan() finds a split that fits the device and the work per step is at most
-          FAST_AUTO_MAX_WORK; path="fast" requires only the fit.
+fast      (kernels/gru.cu) the whole recurrence in one launch per pass. fast_plan() picks
+          the scope: a block or a thread-block cluster per group of batch rows, W_hh in
+          registers and the state exchanged in (distributed) shared memory, for H up to 256
+          (float32) or 128 (float64); beyond, the blocks of a direction keep W_hh slices in
+          shared memory and meet at a grid-wide barrier every step. path="auto" takes it
+          where fast_plan() finds a split and the work per step is at most
+          FAST_AUTO_MAX_WORK; path="fast" requires only the split.
 steps     the per-step structure, for every shape (path="steps"):
 
 forward   one GEMM projects every step's input, x (T*B, I) by W_ih of both directions;

@@ -93,9 +93,10 @@ def main(argv=None) -> int:
     if args.assemble is not None:
         for d in args.assemble:
             for name in ["section-header.md"] + [f"section-{p}.md" for p in PHASES]:
-                src = os.path.join(d, name)
-                if os.path.exists(src):
-                    with open(src) as f, open(os.path.join(out, name), "w") as g:
+                src, dst = os.path.join(d, name), os.path.join(out, name)
+                same = os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst)
+                if os.path.exists(src) and not same:   # (a DIR may be OUTDIR itself)
+                    with open(src) as f, open(dst, "w") as g:
                         g.write(f.read())
         return assemble(out)
     skip = set(PHASES) - set(filter(None, args.only.split(",")))

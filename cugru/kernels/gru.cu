@@ -494,11 +494,10 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 // step parity: h (R x H) forward, d_gate_h (R x 3H) backward. Each step the KS lanes of a
 // unit sum their packs (two partial sums, even and odd q), add across the lanes with a
 // butterfly (every lane gets the same bits: each level adds the same two values, only in
-// swapped order), and lane ks == i % KS applies the pointwise step to row i. It writes the
-// outputs to global memory and its unit's new values into the other buffer of every block of
-// the cluster (distributed shared memory); one barrier (the cluster's, or __syncthreads)
-// ends the step. A block's writes into step s+1's buffer cannot race the reads of step s-1's
-// (the same buffer): the barrier ending step s lies between them.
+// swapped order), and lane ks applies the pointwise step to row ks (KS >= R). It writes the
+// outputs to global memory and its unit's new values into the other buffer: directly in one
+// block, ending the step at __syncthreads; in a cluster through the exchange below
+// (distributed shared memory and mbarriers, no cluster-wide barrier per step).
 #define GRU_TILE_PACKS 8   // 16-byte packs per gate and thread: H <= KS * 8 * V
 // batch rows per group, at most (float: 8; double: 4, where 8 spills registers)
 template <typename T> struct GruTileRows { static constexpr int N = sizeof(T) == 4 ? 8 : 4; };
