@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     for epoch, (loss, acc) in enumerate(r["history"], 1):
-        print(f"epoch {epoch:3d}  loss {loss:.6f}  held-out accuracy {acc:.3f}")
+        print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}")
     print(f"device {r['device']}: held-out accuracy {r['accuracy']:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch, "
           f"{r['seconds']:.1f} s in all")

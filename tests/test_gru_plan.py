@@ -165,6 +165,16 @@ class _Tile:
         return self.active & (i < rows) & (i % self.KS == self.ks)
 
 
+def _clusters(grid, C, R, B, H, J, KS, w_hh, fwd):
+    """Every cluster of a tile launch: (d, b0, rows, the blocks' _Tile, their weights)."""
+    H3 = 3 * H
+    for d in range(grid[1]):
+        for grp in range(grid[0] // C):
+            tiles = [_Tile(c, H, J, KS, 2) for c in range(C)]
+            wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, fwd) for tl in tiles]
+            yield d, grp * R, min(R, B - grp * R), tiles, wts
+
+
 def tile_forward(train, C):
     """gru_tile_forward<T, C, TRAIN> for every cluster, its blocks in lock step."""
     def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
@@ -176,41 +186,36 @@ def tile_forward(train, C):
         assert block[0] == gru_module.FAST_THREADS and grid[0] % C == 0
         assert smem == 16 + (2 * HP + 2 * J + gru_module.TILE_AHEAD * 3 * J) * R * 8
         assert C == 1 or J % V == 0
-        for d in range(D):
-            for grp in range(grid[0] // C):
-                b0 = grp * R
-                rows = min(R, B - b0)
-                tiles = [_Tile(c, H, J, KS, V) for c in range(C)]
-                wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, True) for tl in tiles]
-                h_s = np.zeros((2, R, HP))            # the same in every block
-                for i in range(rows):
-                    h_s[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
-                for s in range(steps):
-                    t = s if d == 0 else steps - 1 - s
-                    cur, nxt = h_s[s & 1], h_s[(s + 1) & 1].copy()
-                    for tl, wt in zip(tiles, wts):
-                        acc = tl.product(wt, [cur[i] for i in range(rows)], HP, 0)
-                        for i in range(rows):
-                            m = tl.mine(i, rows)
-                            j, b = tl.j[m], b0 + i
-                            g_row = (t * B + b) * D * H3 + d * H3
-                            x = [gi[g_row + g * H + j] + b_ih[d * H3 + g * H + j]
-                                 for g in range(3)]
-                            hb = [acc[i][m, g] + b_hh[d * H3 + g * H + j] for g in range(3)]
-                            r = _sigmoid(x[0] + hb[0])
-                            z = _sigmoid(x[1] + hb[1])
-                            n = np.tanh(x[2] + r * hb[2])
-                            h_new = (1 - z) * n + z * cur[i, j]
-                            hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
-                            y[(t * B + b) * D * H + d * H + j] = h_new
-                            if s == steps - 1:
-                                h_n[d * BH + b * H + j] = h_new
-                            if train:
-                                g0 = ((d * steps + s) * B + b) * 4 * H
-                                for gate, v in enumerate((r, z, n, hb[2])):
-                                    gates[g0 + gate * H + j] = v
-                            nxt[i, j] = h_new
-                    h_s[(s + 1) & 1] = nxt
+        for d, b0, rows, tiles, wts in _clusters(grid, C, R, B, H, J, KS, w_hh, True):
+            h_s = np.zeros((2, R, HP))            # the same in every block
+            for i in range(rows):
+                h_s[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
+            for s in range(steps):
+                t = s if d == 0 else steps - 1 - s
+                cur, nxt = h_s[s & 1], h_s[(s + 1) & 1].copy()
+                for tl, wt in zip(tiles, wts):
+                    acc = tl.product(wt, [cur[i] for i in range(rows)], HP, 0)
+                    for i in range(rows):
+                        m = tl.mine(i, rows)
+                        j, b = tl.j[m], b0 + i
+                        g_row = (t * B + b) * D * H3 + d * H3
+                        x = [gi[g_row + g * H + j] + b_ih[d * H3 + g * H + j]
+                             for g in range(3)]
+                        hb = [acc[i][m, g] + b_hh[d * H3 + g * H + j] for g in range(3)]
+                        r = _sigmoid(x[0] + hb[0])
+                        z = _sigmoid(x[1] + hb[1])
+                        n = np.tanh(x[2] + r * hb[2])
+                        h_new = (1 - z) * n + z * cur[i, j]
+                        hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
+                        y[(t * B + b) * D * H + d * H + j] = h_new
+                        if s == steps - 1:
+                            h_n[d * BH + b * H + j] = h_new
+                        if train:
+                            g0 = ((d * steps + s) * B + b) * 4 * H
+                            for gate, v in enumerate((r, z, n, hb[2])):
+                                gates[g0 + gate * H + j] = v
+                        nxt[i, j] = h_new
+                h_s[(s + 1) & 1] = nxt
     return run
 
 
@@ -227,50 +232,45 @@ def tile_backward(C):
         LD = 3 * HP
         assert smem == 16 + (2 * LD + 6 * J + gru_module.TILE_AHEAD * 6 * J) * R * 8
         assert C == 1 or J % V == 0
-        for d in range(D):
-            for grp in range(grid[0] // C):
-                b0 = grp * R
-                rows = min(R, B - b0)
-                tiles = [_Tile(c, H, J, KS, V) for c in range(C)]
-                wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, False) for tl in tiles]
-                g_s = np.zeros((2, R, LD))
-                carry = [{i: 0.0 if dh_n is None else
-                          dh_n[d * BH + (b0 + i) * H + tl.j[tl.mine(i, rows)]]
-                          for i in range(rows)} for tl in tiles]
-                dhz = [{i: 0.0 for i in range(rows)} for tl in tiles]
-                for s in range(steps - 1, -1, -1):
-                    t = s if d == 0 else steps - 1 - s
-                    nxt = g_s[s & 1].copy()
-                    for c, (tl, wt) in enumerate(zip(tiles, wts)):
-                        if s < steps - 1:
-                            acc = tl.product(wt, [g_s[(s + 1) & 1, i] for i in range(rows)],
-                                             HP, HP)
-                        for i in range(rows):
-                            m = tl.mine(i, rows)
-                            j, b = tl.j[m], b0 + i
-                            if s < steps - 1:
-                                a = acc[i][m]
-                                carry[c][i] = dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
-                            g0 = ((d * steps + s) * B + b) * 4 * H
-                            r, z, n, hn = (gates[g0 + gate * H + j] for gate in range(4))
-                            h = hs[(d * (steps + 1) + s) * BH + b * H + j]
-                            dhv = dy[(t * B + b) * D * H + d * H + j] + carry[c][i]
-                            dn = dhv * (1 - z) * (1 - n * n)
-                            dz = dhv * (h - n) * z * (1 - z)
-                            dr = dn * hn * r * (1 - r)
-                            dhz[c][i] = dhv * z
-                            ri, rh = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
-                            dgi[ri + j], dgi[ri + H + j], dgi[ri + 2 * H + j] = dr, dz, dn
-                            dgh[rh + j], dgh[rh + H + j], dgh[rh + 2 * H + j] = dr, dz, dn * r
-                            nxt[i, j], nxt[i, HP + j], nxt[i, 2 * HP + j] = dr, dz, dn * r
-                    g_s[s & 1] = nxt
+        for d, b0, rows, tiles, wts in _clusters(grid, C, R, B, H, J, KS, w_hh, False):
+            g_s = np.zeros((2, R, LD))
+            carry = [{i: 0.0 if dh_n is None else
+                      dh_n[d * BH + (b0 + i) * H + tl.j[tl.mine(i, rows)]]
+                      for i in range(rows)} for tl in tiles]
+            dhz = [{i: 0.0 for i in range(rows)} for tl in tiles]
+            for s in range(steps - 1, -1, -1):
+                t = s if d == 0 else steps - 1 - s
+                nxt = g_s[s & 1].copy()
                 for c, (tl, wt) in enumerate(zip(tiles, wts)):
-                    acc = tl.product(wt, [g_s[0, i] for i in range(rows)], HP, HP)
+                    if s < steps - 1:
+                        acc = tl.product(wt, [g_s[(s + 1) & 1, i] for i in range(rows)],
+                                         HP, HP)
                     for i in range(rows):
                         m = tl.mine(i, rows)
-                        a = acc[i][m]
-                        dh0[d * BH + (b0 + i) * H + tl.j[m]] = \
-                            dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
+                        j, b = tl.j[m], b0 + i
+                        if s < steps - 1:
+                            a = acc[i][m]
+                            carry[c][i] = dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
+                        g0 = ((d * steps + s) * B + b) * 4 * H
+                        r, z, n, hn = (gates[g0 + gate * H + j] for gate in range(4))
+                        h = hs[(d * (steps + 1) + s) * BH + b * H + j]
+                        dhv = dy[(t * B + b) * D * H + d * H + j] + carry[c][i]
+                        dn = dhv * (1 - z) * (1 - n * n)
+                        dz = dhv * (h - n) * z * (1 - z)
+                        dr = dn * hn * r * (1 - r)
+                        dhz[c][i] = dhv * z
+                        ri, rh = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
+                        dgi[ri + j], dgi[ri + H + j], dgi[ri + 2 * H + j] = dr, dz, dn
+                        dgh[rh + j], dgh[rh + H + j], dgh[rh + 2 * H + j] = dr, dz, dn * r
+                        nxt[i, j], nxt[i, HP + j], nxt[i, 2 * HP + j] = dr, dz, dn * r
+                g_s[s & 1] = nxt
+            for c, (tl, wt) in enumerate(zip(tiles, wts)):
+                acc = tl.product(wt, [g_s[0, i] for i in range(rows)], HP, HP)
+                for i in range(rows):
+                    m = tl.mine(i, rows)
+                    a = acc[i][m]
+                    dh0[d * BH + (b0 + i) * H + tl.j[m]] = \
+                        dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
     return run
 
 
@@ -310,6 +310,21 @@ def host_device(monkeypatch):
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
+def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
+    """_forward_gpu (inference, then training) and _backward_gpu with `plan` give the
+    oracle's results; returns the device history for further backward runs."""
+    for training in (False, True):   # the history of the last (training) run is used below
+        y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
+                                                   *map(dev, weights(p)), dims, training, plan)
+        np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
+    saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
+    got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, plan)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+    return saved_dev
+
+
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 3, 2, 3, True, True),
                                            (5, 1, 3, 2, True, False), (130, 17, 2, 3, True, True),
                                            (33, 130, 1, 2, False, False)])
@@ -323,15 +338,7 @@ def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, 
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, 2 if bi else 1)
-    for training in (False, True):   # the history of the last (training) run is used below
-        y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
-                                                   *map(dev, weights(p)), dims, training, None)
-        np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
-        np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
-    saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
-    got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, None)
-    for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+    _gpu_path_matches(dev, p, dims, None, ref_y, ref_hn, saved, ref)
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
@@ -378,16 +385,7 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     dims = (T, B, I, H, D)
     for rows in range(1, gru_module.TILE_ROWS[8] + 1):
         plan = gru_module._tile_split(B, H, D, cluster, rows, 8)
-        for training in (False, True):
-            y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
-                                                       *map(dev, weights(p)), dims, training,
-                                                       plan)
-            np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
-            np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
-        saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
-        got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, plan)
-        for g, r in zip(got, ref):
-            np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+        saved_dev = _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref)
     no_dh_n = oracle.gru_backward(p["dy"], None, saved)
     got = gru_module._backward_gpu(dev(p["dy"]), None, saved_dev, dims, plan)
     for g, r in zip(got, no_dh_n):
