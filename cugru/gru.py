@@ -132,8 +132,8 @@ def _cost(plan, B, H, D, itemsize=4):
 @dataclass(frozen=True)
 class TilePlan:
     """How the block- and cluster-scope kernels split the work: clusters of `cluster` blocks
-    (1: a single block, scope "block"; else scope "cluster", distributed shared memory and
-    the cluster's barrier), each cluster one direction and one group of `rows` batch rows
+    (1: a single block, scope "block"; else scope "cluster": distributed shared memory and
+    mbarriers), each cluster one direction and one group of `rows` batch rows
     (`groups` groups per direction), each block `units` hidden units with `lanes` threads per
     unit, and the dynamic shared memory per block of each kernel."""
     cluster: int
@@ -160,6 +160,8 @@ class TilePlan:
 TILE_PACKS = 8
 TILE_ROWS = {4: 8, 8: 4}
 TILE_AHEAD = 8
+
+
 def _tile_split(B, H, D, cluster, rows, itemsize):
     """The TilePlan of `cluster` blocks per cluster and `rows` rows per group, or None where
     the tile kernels cannot hold it."""
@@ -268,11 +270,11 @@ def _resident_blocks(plan, dtype, device_id):
 def _persist_kernel(name, shared_mem):
     """The kernel, allowed `shared_mem` bytes of dynamic shared memory (set once per size)."""
     fn = _rt.kernel("gru.cu", name)
-    key = (id(fn), name)
-    if _SMEM_SET.get(key, -1) < shared_mem:
+    done = _SMEM_SET.get(name)
+    if done is None or done[0] is not fn or done[1] < shared_mem:
         if shared_mem > fn.max_dynamic_shared_size_bytes:
             fn.max_dynamic_shared_size_bytes = shared_mem
-        _SMEM_SET[key] = shared_mem
+        _SMEM_SET[name] = (fn, shared_mem)      # (a rebuilt module gives a new kernel object)
     return fn
 
 
