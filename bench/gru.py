@@ -99,16 +99,17 @@ def fast_info(p, repeat=None):
     if plan is None:
         return None
     if isinstance(plan, gru.TilePlan):
-        names = (f"gru_tile_forward<float,{plan.cluster},true>",
-                 f"gru_tile_backward<float,{plan.cluster}>")
+        names = (plan.forward_kernel("float", True), plan.backward_kernel("float"))
         # every block receives its rows' whole vector through distributed shared memory
         moved = D * plan.blocks * plan.rows * H * 4
-        info = {"cluster": plan.cluster, "rows": f"{plan.rows} per group", "lanes": plan.lanes}
+        info = {"cluster": plan.cluster, "rows": f"{plan.rows} per group", "lanes": plan.lanes,
+                "threads": plan.threads, "packs": plan.packs}
     else:
         names = (f"gru_persist_forward<float,{plan.rows_per_thread},true>",
                  f"gru_persist_backward<float,{plan.rows_per_thread}>")
         moved = plan.blocks * D * B * H * 4     # every block reads its direction's h from L2
-        info = {"cluster": "-", "rows": f"{plan.rows_per_thread} per thread", "lanes": "-"}
+        info = {"cluster": "-", "rows": f"{plan.rows_per_thread} per thread", "lanes": "-",
+                "threads": gru.FAST_THREADS, "packs": "-"}
     regs = [gru._persist_kernel(name, smem).num_regs
             for name, smem in zip(names, (plan.smem_fwd, plan.smem_bwd))]
     info.update({"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
@@ -150,8 +151,9 @@ def barrier_us(plan, D, repeat, n=2000):
 
     from cugru import gru
     from cukernels import _rt
-    grid, block = (plan.blocks, D), (gru.FAST_THREADS,)
-    if isinstance(plan, gru.TilePlan):
+    tile = isinstance(plan, gru.TilePlan)
+    grid, block = (plan.blocks, D), (plan.threads if tile else gru.FAST_THREADS,)
+    if tile:
         fn = _rt.kernel("gru.cu", f"gru_barrier_probe<{plan.cluster}>")
 
         def call(k):
@@ -465,17 +467,18 @@ def markdown(rows, device, limits=None):
                   "step = bytes of h that reach the blocks each forward step (backward moves "
                   "d_gate_h, 3x): through distributed shared memory (block, cluster), or read "
                   "from L2 by every block (grid).", "",
-                  "| id | scope | blocks | cluster | units per block | rows | lanes per unit "
-                  "| registers fwd / bwd | shared memory (KiB) | inference µs/step | "
-                  "train µs/step | barrier µs | train floor µs/step | train / floor | "
-                  "h moved per step (KiB) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| id | scope | blocks | threads | cluster | units per block | rows | "
+                  "lanes per unit | packs per thread | registers fwd / bwd | shared memory (KiB) "
+                  "| inference µs/step | train µs/step | barrier µs | train floor µs/step | "
+                  "train / floor | h moved per step (KiB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in fast:
             f, T = r["fast"], r["shape"][0]
             train_step = r["train"]["fast"] * 1e3 / T
             floor = 2 * f.get("barrier_us", float("nan"))
-            lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['cluster']} | "
-                         f"{f['units']} | {f['rows']} | {f['lanes']} | "
+            lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['threads']} | "
+                         f"{f['cluster']} | {f['units']} | {f['rows']} | {f['lanes']} | "
+                         f"{f['packs']} | "
                          f"{f['regs'][0]} / {f['regs'][1]} | {f['smem'] / 1024:.1f} | "
                          f"{r['infer']['fast'] * 1e3 / T:.2f} | {train_step:.2f} | "
                          f"{floor / 2:.3f} | {floor:.3f} | {train_step / floor:.1f}x | "
@@ -582,10 +585,13 @@ def tile_sweep(shape_ids, repeat):
     from cugru._args import GruSaved
     dev = cp.cuda.runtime.getDevice()
     lines = ["### Tile splits per shape (`python -m bench.gru --sweep`)", "",
-             "Forward (history kept) and backward recurrence, device ms, for every cluster "
-             "size and rows per group the tile kernels take; * = fast_plan's choice.", "",
-             "| id | cluster | rows | blocks | clusters at once | forward | backward |",
-             "|---|---|---|---|---|---|---|"]
+             "Forward (history kept) and backward recurrence, device ms, for every built tile "
+             "kernel (cluster, packs per thread and gate, most rows, threads) that holds the "
+             "shape, with one row per group and with the rows fast_plan's ranking prefers for "
+             "that kernel; * = fast_plan's choice.", "",
+             "| id | cluster | packs | most rows | threads | rows | lanes | blocks | "
+             "clusters at once | forward | backward |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for sid in shape_ids:
         T, B, I, H, bi = SHAPES[sid]
         p = make_problem(T, B, I, H, bi)
@@ -594,11 +600,14 @@ def tile_sweep(shape_ids, repeat):
         a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
         w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
         dims = (T, B, I, H, D)
-        for c in _rt_clusters():
-            for rows in range(1, gru.TILE_ROWS[4] + 1):
-                plan = gru._tile_split(B, H, D, c, rows, 4)
-                if plan is None:
-                    continue
+        for tile in gru.TILES[4]:
+            splits = [p for p in (gru._tile_split(B, H, D, tile, r, 4)
+                                  for r in range(1, tile[2] + 1)) if p is not None]
+            if not splits:
+                continue
+            best = min(splits, key=lambda p: gru._tile_rank(
+                p, D, gru._clusters_at_once(p, "float32", dev)))
+            for plan in sorted({splits[0], best}, key=lambda p: p.rows):
                 fwd = lambda: gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan)  # noqa
                 y, hn, hs, gates = fwd()
                 saved = GruSaved(a["x"], a["w_ih"], a["w_hh"], hs, gates, False)
@@ -606,16 +615,13 @@ def tile_sweep(shape_ids, repeat):
                 tf = suite.gpu_time_us(fwd, n_repeat=repeat) / 1e3
                 tb = suite.gpu_time_us(bwd, n_repeat=repeat) / 1e3
                 mark = " *" if plan == chosen else ""
-                lines.append(f"| {sid} | {c}{mark} | {rows} | {plan.blocks * D} | "
+                lines.append(f"| {sid} | {plan.cluster}{mark} | {plan.packs} | "
+                             f"{plan.max_rows} | {plan.threads} | {plan.rows} | {plan.lanes} | "
+                             f"{plan.blocks * D} | "
                              f"{gru._clusters_at_once(plan, 'float32', dev)} | {tf:.3f} | "
                              f"{tb:.3f} |")
                 print(lines[-1], file=sys.stderr, flush=True)
     return lines
-
-
-def _rt_clusters():
-    from cukernels import _rt
-    return _rt.GRU_CLUSTERS
 
 
 def main(argv=None) -> int:

@@ -133,14 +133,19 @@ def _cost(plan, B, H, D, itemsize=4):
 class TilePlan:
     """How the block- and cluster-scope kernels split the work: clusters of `cluster` blocks
     (1: a single block, scope "block"; else scope "cluster": distributed shared memory and
-    mbarriers), each cluster one direction and one group of `rows` batch rows
-    (`groups` groups per direction), each block `units` hidden units with `lanes` threads per
-    unit, and the dynamic shared memory per block of each kernel."""
+    mbarriers) of `threads` threads, each cluster one direction and one group of `rows` batch
+    rows (`groups` groups per direction), each block `units` hidden units with `lanes`
+    threads per unit in the product, each thread `packs` 16-byte packs of each gate's weights;
+    the kernels are built for at most `max_rows` rows (and compute that many). Then the
+    dynamic shared memory per block of each kernel."""
     cluster: int
     groups: int
     rows: int
     units: int
     lanes: int
+    packs: int
+    max_rows: int
+    threads: int
     smem_fwd: int
     smem_bwd: int
 
@@ -153,48 +158,60 @@ class TilePlan:
         """blocks per direction"""
         return self.groups * self.cluster
 
+    def _args(self, ctype):
+        return f"{ctype},{self.cluster},{self.packs},{self.max_rows},{self.threads}"
 
-#: the tile kernels' limits (kernels/gru.cu): GRU_TILE_PACKS 16-byte packs of each gate's
-#: weights per thread, at most TILE_ROWS[itemsize] batch rows per cluster; the inputs of
-#: GRU_TILE_AHEAD steps are in flight
-TILE_PACKS = 8
-TILE_ROWS = {4: 8, 8: 4}
+    def forward_kernel(self, ctype, train):
+        """the registered name of the forward kernel for element type `ctype`"""
+        return f"gru_tile_forward<{self._args(ctype)},{'true' if train else 'false'}>"
+
+    def backward_kernel(self, ctype):
+        return f"gru_tile_backward<{self._args(ctype)}>"
+
+
+#: the tile kernels built (cukernels._rt.GRU_TILES): per element size, (cluster, packs per
+#: thread and gate, most rows, threads); the most lanes per unit by threads per block
+#: (gru_tile_lanes in kernels/gru.cu); the inputs of TILE_AHEAD steps are in flight
+TILES = {4: _rt.GRU_TILES["float"], 8: _rt.GRU_TILES["double"]}
+TILE_LANES = {256: 8, 512: 4}
 TILE_AHEAD = 8
 
 
-def _tile_split(B, H, D, cluster, rows, itemsize):
-    """The TilePlan of `cluster` blocks per cluster and `rows` rows per group, or None where
-    the tile kernels cannot hold it."""
+def _tile_split(B, H, D, tile, rows, itemsize):
+    """The TilePlan of the tile kernels `tile` (a TILES entry) for `rows` rows per group, or
+    None where they cannot hold it."""
+    cluster, packs, max_rows, threads = tile
     v = 16 // itemsize
     units = -(-H // cluster)
     if cluster > 1:
         units = -(-units // v) * v          # the exchange moves 16-byte packs of units
-    if (cluster - 1) * units >= H or rows > TILE_ROWS[itemsize]:
-        return None                                       # a block without units
-    lanes = 32
-    while lanes > 1 and FAST_THREADS // lanes < units:
-        lanes //= 2
-    if FAST_THREADS // lanes < units or lanes * TILE_PACKS * v < H or lanes < rows:
-        return None                         # (lane ks of a unit serves batch row ks)
-    hp = -(-H // v) * v
-    # two mbarriers, the exchanged vectors (two buffers), the exchange's stage (two) and the
-    # ring of inputs loaded ahead
-    return TilePlan(cluster, -(-B // rows), rows, units, lanes,
-                    16 + (2 * hp + 2 * units + TILE_AHEAD * 3 * units) * rows * itemsize,
-                    16 + (6 * hp + 6 * units + TILE_AHEAD * 6 * units) * rows * itemsize)
+    if (cluster - 1) * units >= H or rows > max_rows or units * rows > threads:
+        return None       # a block without units, or more pointwise steps than threads
+    lanes = 1             # the fewest lanes whose packs cover H
+    while lanes * packs * v < H:
+        lanes *= 2
+    if lanes > TILE_LANES[threads] or units * lanes > threads:
+        return None
+    hs = lanes * packs * v                  # a vector row in shared memory, zero past H
+    part = max_rows * 3 * units * lanes     # the lanes' sums
+    return TilePlan(cluster, -(-B // rows), rows, units, lanes, packs, max_rows, threads,
+                    16 + (2 * max_rows * hs + part + 2 * rows * units
+                          + TILE_AHEAD * rows * 3 * units + 6 * units) * itemsize,
+                    16 + (6 * max_rows * hs + part + 6 * rows * units
+                          + TILE_AHEAD * rows * 6 * units) * itemsize)
 
 
-def _tile_rank(plan, H, D, clusters_at_once, itemsize=4):
+def _tile_rank(plan, D, clusters_at_once):
     """The order in which fast_plan prefers tile splits, from the measurements in
     docs/performance.md (`python -m bench.gru --sweep`): fewest waves of clusters (groups run
-    at once only as far as the GPU holds their clusters), then fewest rows per group (a step's
-    time grows with them), then one block over a cluster (no exchange through distributed
-    shared memory), then fewest packs per thread (shorter product chains), then the smaller
-    cluster."""
-    v = 16 // itemsize
-    packs = -(-(-(-H // v)) // plan.lanes)                 # packs per thread and gate
+    at once only as far as the GPU holds their clusters), then the fewest rows the kernel
+    computes per group (a step's time grows with them), then one block over a cluster (no
+    exchange through distributed shared memory), then most packs per thread (fewer lanes:
+    fewer warps in the product and fewer lane sums to add), then fewer threads, the smaller
+    cluster, and the most rows per group (fewer clusters busy)."""
     waves = -(-(plan.groups * D) // max(1, clusters_at_once))
-    return (waves, plan.rows, plan.cluster > 1, packs, plan.cluster)
+    return (waves, plan.max_rows, plan.cluster > 1, -plan.packs, plan.threads, plan.cluster,
+            -plan.rows)
 
 
 def fast_plan(B, H, D, dtype):
@@ -213,15 +230,14 @@ def _fast_plan(B, H, D, dtype, device_id):
     dev = cp.cuda.Device(device_id)
     attrs = dev.attributes
     smem_limit, sms = attrs["MaxSharedMemoryPerBlockOptin"], attrs["MultiProcessorCount"]
-    clusters = [c for c in _rt.GRU_CLUSTERS
-                if c == 1 or int(dev.compute_capability) >= 90]   # clusters: sm_90 on
-    tiles = [p for p in (_tile_split(B, H, D, c, r, itemsize)
-                         for c in clusters for r in range(1, TILE_ROWS[itemsize] + 1))
+    cc = int(dev.compute_capability)
+    tiles = [p for p in (_tile_split(B, H, D, tile, r, itemsize)
+                         for tile in TILES[itemsize] if _rt.gru_tile_runs_on(tile, cc)
+                         for r in range(1, tile[2] + 1))
              if p is not None]
     if tiles:
-        return min(tiles, key=lambda p: _tile_rank(p, H, D, _clusters_at_once(p, dtype,
-                                                                               device_id),
-                                                   itemsize))
+        return min(tiles, key=lambda p: _tile_rank(p, D, _clusters_at_once(p, dtype,
+                                                                           device_id)))
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
@@ -238,14 +254,14 @@ def _clusters_at_once(plan, dtype, device_id):
     c = _rt.ctype(dtype)
     sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
     least = None
-    for name, smem in ((f"gru_tile_forward<{c},{plan.cluster},true>", plan.smem_fwd),
-                       (f"gru_tile_backward<{c},{plan.cluster}>", plan.smem_bwd)):
+    for name, smem in ((plan.forward_kernel(c, True), plan.smem_fwd),
+                       (plan.backward_kernel(c), plan.smem_bwd)):
         fn = _persist_kernel(name, smem)
         if plan.cluster == 1:
             n = sms * cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                fn.kernel.ptr, FAST_THREADS, smem)
+                fn.kernel.ptr, plan.threads, smem)
         else:
-            n = _rt.max_active_clusters(fn.kernel.ptr, plan.cluster, FAST_THREADS, smem)
+            n = _rt.max_active_clusters(fn.kernel.ptr, plan.cluster, plan.threads, smem)
             if n is None:
                 n = sms // plan.cluster
         least = n if least is None else min(least, n)
@@ -436,9 +452,8 @@ def _forward_gpu(x, h0, w_ih, w_hh, b_ih, b_hh, dims, training, plan):
         loop.gemm(True, False, D * G, T * B, I, w_ih.data.ptr, I, 0, x.data.ptr, I, 0,
                   0.0, gi.data.ptr, D * G, 0)
         if isinstance(plan, TilePlan):
-            fn = _persist_kernel(f"gru_tile_forward<{c},{plan.cluster},{train}>",
-                                 plan.smem_fwd)
-            loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
+            fn = _persist_kernel(plan.forward_kernel(c, training), plan.smem_fwd)
+            loop.launch(fn, (plan.blocks, D), (plan.threads,),
                         (gi, w_hh, b_ih, b_hh, hs, y, y if gates is None else gates, h_n,
                          i32(T), i32(B), i32(H), i32(S), i32(plan.units), i32(plan.lanes),
                          i32(plan.rows)),
@@ -490,8 +505,8 @@ def _backward_recurrence(dy, dh_n, saved, dims, plan):
     with _rt.StepLoop(dt, plain=PLAIN_LAUNCH) as loop:
         if isinstance(plan, TilePlan):
             dh = cp.empty((D, B, H), dt)
-            fn = _persist_kernel(f"gru_tile_backward<{c},{plan.cluster}>", plan.smem_bwd)
-            loop.launch(fn, (plan.blocks, D), (FAST_THREADS,),
+            fn = _persist_kernel(plan.backward_kernel(c), plan.smem_bwd)
+            loop.launch(fn, (plan.blocks, D), (plan.threads,),
                         (dy, saved.gates, hs, w_hh,
                          np.int64(0) if dh_n is None else dh_n, dgi, dgh, dh,   # 0: null
                          i32(T), i32(B), i32(H), i32(plan.units), i32(plan.lanes),

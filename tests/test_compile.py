@@ -1,6 +1,5 @@
 """Every registered kernel instance compiles for sm_90 and sm_80 with nvcc, without spills."""
 import os
-import re
 import shutil
 import tempfile
 
@@ -9,16 +8,6 @@ import pytest
 from cukernels import _rt, compile_check
 
 NVCC = os.environ.get("NVCC", "nvcc")
-
-
-def _instance_name(demangled):
-    """'void k<float, (bool)1>(float*, ...)' -> 'k<float,true>' (c++filt and cu++filt differ);
-    'k(int)' -> 'k' for a kernel that is not a template."""
-    head = (demangled[:demangled.index(">(") + 1] if ">(" in demangled
-            else demangled.split("(", 1)[0])
-    head = head.replace("void ", "", 1).replace(" ", "")
-    head = head.replace("(bool)1", "true").replace("(bool)0", "false")
-    return re.sub(r"\((?:unsigned|signed|int|long|short|char)+\)", "", head)
 
 
 @pytest.mark.compile
@@ -33,11 +22,27 @@ def test_kernel_source_compiles(filename, arch, request):
         rc, log, rows = compile_check.check(filename, arch, NVCC, True, tmp)
     assert rc == 0, log
     request.config._ck_compile_rows += [(arch, filename, r) for r in rows]
-    compiled = {_instance_name(r["name"]) for r in rows}
+    compiled = {compile_check.instance_name(r["name"]) for r in rows}
     expected = {n.replace(" ", "") for n in _rt.REGISTRY[filename]}
     assert compiled == expected
-    spills = [r["name"] for r in rows if r["spill"][1] or r["spill"][2]]
+    spills = [r["name"] for r in compile_check.counted_spills(filename, arch, rows)]
     assert not spills, f"register spills in {spills}"
+
+
+def test_tile_kernels_launched_per_arch():
+    """Spills count only where an instance is launched: the GRU's cluster and 512-thread tile
+    kernels from sm_90 on, every other kernel everywhere."""
+    name = "gru_tile_backward<float,{},8,1,{}>"
+    assert _rt.launched_on("gru.cu", name.format(1, 256), 80)
+    assert not _rt.launched_on("gru.cu", name.format(1, 512), 80)
+    assert not _rt.launched_on("gru.cu", name.format(2, 256), 80)
+    assert _rt.launched_on("gru.cu", name.format(2, 256), 90)
+    assert _rt.launched_on("gru.cu", name.format(1, 512), 90)
+    assert _rt.launched_on("gru.cu", "gru_forward_step<float,true>", 80)
+    rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
+             "spill": (8, 4, 4)}]
+    assert compile_check.counted_spills("gru.cu", "sm_90", rows) == rows
+    assert compile_check.counted_spills("gru.cu", "sm_80", rows) == []
 
 
 def test_header_is_inlined_and_every_source_includes_it():

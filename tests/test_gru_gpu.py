@@ -132,7 +132,8 @@ def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
 
 REPEAT_SHAPES = ([((6, 8, 4, 32, True), "block"), ((5, 8, 4, 160, False), "cluster"),
                   ((5, 8, 4, 300, False), "grid")] if QUICK else
-                 [((40, 64, 40, 64, True), "block"), ((40, 64, 40, 128, True), "cluster"),
+                 [((40, 64, 40, 64, True), "block"), ((40, 64, 40, 128, True), "block"),
+                  ((30, 64, 40, 256, True), "cluster"),
                   ((20, 64, 40, 512, False), "grid"), ((30, 3, 5, 1024, True), "grid")])
 
 
@@ -166,8 +167,10 @@ def _zero_weights(cp, H, I):
 def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     # one block per batch group while a direction's weights fit one block's registers, a
     # cluster while they fit a cluster's, a barrier across blocks beyond
-    assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
-    assert gru_module.fast_plan(1, 128, 1, np.float32).scope == "cluster"
+    assert gru_module.fast_plan(1, 128, 1, np.float32).scope == "block"
+    assert gru_module.fast_plan(1, 160, 1, np.float32).scope == "cluster"
+    assert gru_module.fast_plan(1, 64, 1, np.float64).scope == "block"
+    assert gru_module.fast_plan(1, 65, 1, np.float64).scope == "cluster"
     assert gru_module.fast_plan(64, 1024, 2, np.float32).scope == "grid"
     # too large for the tile kernels (H > 256) and too many rows for the grid kernels:
     # no plan; "fast" refuses, "auto" falls back to the per-step path
@@ -194,24 +197,29 @@ def _check(got, p, dtype):
     assert_within(got, ref, ref32, dtype, OUT_NAMES)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("cluster", (1, 2, 4, 8))
-def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch, cluster,
-                                                   dtype):
-    """Every cluster size, at the smallest and the largest H it holds (the next H has no
-    split), with one row per group and with the most rows per group it takes (B = 5: full and
-    partial groups)."""
+_TILE_CASES = [(dt, tile) for dt in (np.float32, np.float64)
+               for tile in gru_module.TILES[np.dtype(dt).itemsize]]
+
+
+@pytest.mark.parametrize("dtype,tile", _TILE_CASES, ids=[
+    f"{np.dtype(dt).name.replace('float', 'f')}-c{c}-q{q}-r{r}-t{nt}"
+    for dt, (c, q, r, nt) in _TILE_CASES])
+@pytest.mark.parametrize("end", ["low", "top"])
+def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch, dtype, tile,
+                                                   end):
+    """Every built tile kernel, at the smallest and the largest H it holds (the next H has
+    no split), with one row per group and with the most rows per group it takes (B = 5: full
+    and partial groups)."""
     it = np.dtype(dtype).itemsize
-    holds = [H for H in range(1, 300) if gru_module._tile_split(1, H, 1, cluster, 1, it)]
-    low, top = min(holds), max(holds)
-    assert gru_module._tile_split(1, top + 1, 1, cluster, 1, it) is None
-    for H in (low, top):
-        most = max(r for r in range(1, gru_module.TILE_ROWS[it] + 1)
-                   if gru_module._tile_split(5, H, 2, cluster, r, it))
-        for rows in sorted({1, most}):
-            plan = gru_module._tile_split(5, H, 2, cluster, rows, it)
-            p = problem(rng, 4, 5, 3, H, True)
-            _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
+    holds = [H for H in range(1, 300) if gru_module._tile_split(1, H, 1, tile, 1, it)]
+    H = min(holds) if end == "low" else max(holds)
+    if end == "top":
+        assert gru_module._tile_split(1, H + 1, 1, tile, 1, it) is None
+    most = max(r for r in range(1, tile[2] + 1) if gru_module._tile_split(5, H, 2, tile, r, it))
+    for rows in sorted({1, most}):
+        plan = gru_module._tile_split(5, H, 2, tile, rows, it)
+        p = problem(rng, 4, 5, 3, H, True)
+        _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
 
 
 @pytest.mark.parametrize("blocks", [1, 3], ids=["block", "grid"])

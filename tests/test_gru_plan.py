@@ -126,20 +126,26 @@ def backward_step(D, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
 
 
 class _Tile:
-    """The thread layout of gru_tile_forward/backward in block c of a cluster: thread tid is
-    unit u = tid // KS, lane ks = tid % KS; its weights cover the packs ks + q*KS."""
+    """The thread roles of gru_tile_forward/backward in block c of a cluster of the tile
+    kernels (cluster, Q packs, MR rows, NT threads): product thread tid < J*KS is unit
+    u = tid // KS, lane ks = tid % KS, with the weights of the packs ks + q*KS (q < Q), zero
+    past H; pointwise thread p < J*rows serves unit p % J of row p // J."""
 
-    def __init__(self, c, H, J, KS, V):
-        tid = np.arange(gru_module.FAST_THREADS)
+    def __init__(self, c, H, J, KS, Q, NT, V):
+        assert J * KS <= NT
+        tid = np.arange(J * KS)
         self.u, self.ks = tid // KS, tid % KS
         self.active = self.u < min(J, H - c * J)
         self.j = np.where(self.active, c * J + self.u, 0)
-        q = np.arange(gru_module.TILE_PACKS)
-        # k[tid, q, e] = (ks + q*KS)*V + e
+        q = np.arange(Q)
+        # k[tid, q, e] = (ks + q*KS)*V + e: every lane runs all Q packs, the vector rows are
+        # HS = KS*Q*V long (zero past H)
         self.k = ((self.ks[:, None, None] + q[None, :, None] * KS) * V
                   + np.arange(V)[None, None, :])
+        self.HS = KS * Q * V
+        assert self.k.max() < self.HS
         self.valid = self.active[:, None, None] & (self.k < H)
-        self.KS = KS
+        self.c, self.J, self.KS, self.NT = c, J, KS, NT
 
     def weights(self, w, H, fwd):
         """w[tid, g, q, e] as gru_tile_weights loads it (zero outside H)."""
@@ -149,64 +155,77 @@ class _Tile:
         at = (g * H + j) * H + k[:, None] if fwd else (g * H + k[:, None]) * H + j
         return np.where(self.valid[:, None], w[at], 0.0)
 
-    def product(self, wt, v_rows, HP, gstride):
-        """gru_tile_product: per row i, the lane-summed acc[i][g] of every thread."""
+    def product(self, wt, vec, gstride):
+        """Phase 1 for every row of `vec` (MR rows: gate g's segment at g*gstride), then the
+        lane sums of each unit in lane order: sums[i][u, g]."""
         out = []
-        for v in v_rows:
-            k = np.minimum(self.k, HP - 1)
-            vals = np.stack([v[g * gstride + k] for g in range(3)], axis=1)  # tid, g, q, e
-            vals = np.where((self.k < HP)[:, None], vals, 0.0)
-            part = (wt * vals).sum(axis=(2, 3))                              # tid, g
-            unit = part.reshape(-1, self.KS, 3).sum(axis=1)                  # u, g
-            out.append(unit[self.u])
+        for v in vec:
+            vals = np.stack([v[g * gstride + self.k] for g in range(3)], axis=1)  # tid, g, q, e
+            part = (wt * vals).sum(axis=(2, 3)).reshape(self.J, self.KS, 3)
+            acc = part[:, 0].copy()
+            for ks in range(1, self.KS):
+                acc += part[:, ks]
+            out.append(acc)
         return out
 
-    def mine(self, i, rows):
-        return self.active & (i < rows) & (i % self.KS == self.ks)
+    def units(self, i, rows, H):
+        """The units whose pointwise step row i has in this block (thread p = i*J + u)."""
+        if i >= rows:
+            return np.zeros(0, int)
+        u = np.arange(self.J)
+        assert (i + 1) * self.J <= self.NT
+        return u[self.c * self.J + u < H]
 
 
-def _clusters(grid, C, R, B, H, J, KS, w_hh, fwd):
+def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd):
     """Every cluster of a tile launch: (d, b0, rows, the blocks' _Tile, their weights)."""
+    C, Q, MR, NT = tile
     H3 = 3 * H
     for d in range(grid[1]):
         for grp in range(grid[0] // C):
-            tiles = [_Tile(c, H, J, KS, 2) for c in range(C)]
+            tiles = [_Tile(c, H, J, KS, Q, NT, 2) for c in range(C)]
             wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, fwd) for tl in tiles]
             yield d, grp * R, min(R, B - grp * R), tiles, wts
 
 
-def tile_forward(train, C):
-    """gru_tile_forward<T, C, TRAIN> for every cluster, its blocks in lock step."""
+def tile_forward(train, tile):
+    """gru_tile_forward<double, C, Q, MR, NT, TRAIN> for every cluster, its blocks in lock
+    step."""
+    C, Q, MR, NT = tile
+
     def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
             R):
         gi, w_hh, b_ih, b_hh, hs, y, gates, h_n = (
             a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs, y, gates, h_n))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
-        HP = -(-H // V) * V
-        assert block[0] == gru_module.FAST_THREADS and grid[0] % C == 0
-        assert smem == 16 + (2 * HP + 2 * J + gru_module.TILE_AHEAD * 3 * J) * R * 8
+        HS = KS * Q * V
+        assert block[0] == NT and grid[0] % C == 0 and R <= MR
+        assert smem == 16 + (2 * MR * HS + MR * 3 * J * KS + 2 * R * J
+                             + gru_module.TILE_AHEAD * R * 3 * J + 6 * J) * 8
         assert C == 1 or J % V == 0
-        for d, b0, rows, tiles, wts in _clusters(grid, C, R, B, H, J, KS, w_hh, True):
-            h_s = np.zeros((2, R, HP))            # the same in every block
+        assert not train or S == steps + 1
+        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, True):
+            vec = np.zeros((2, MR, HS))            # the same in every block
             for i in range(rows):
-                h_s[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
+                vec[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
             for s in range(steps):
                 t = s if d == 0 else steps - 1 - s
-                cur, nxt = h_s[s & 1], h_s[(s + 1) & 1].copy()
+                cur, nxt = vec[s & 1], vec[(s + 1) & 1].copy()
                 for tl, wt in zip(tiles, wts):
-                    acc = tl.product(wt, [cur[i] for i in range(rows)], HP, 0)
+                    sums = tl.product(wt, cur, 0)
                     for i in range(rows):
-                        m = tl.mine(i, rows)
-                        j, b = tl.j[m], b0 + i
+                        u = tl.units(i, rows, H)
+                        j, b = tl.c * J + u, b0 + i
                         g_row = (t * B + b) * D * H3 + d * H3
                         x = [gi[g_row + g * H + j] + b_ih[d * H3 + g * H + j]
                              for g in range(3)]
-                        hb = [acc[i][m, g] + b_hh[d * H3 + g * H + j] for g in range(3)]
+                        hb = [sums[i][u, g] + b_hh[d * H3 + g * H + j] for g in range(3)]
                         r = _sigmoid(x[0] + hb[0])
                         z = _sigmoid(x[1] + hb[1])
                         n = np.tanh(x[2] + r * hb[2])
                         h_new = (1 - z) * n + z * cur[i, j]
-                        hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
+                        if train:
+                            hs[(d * S + s + 1) * BH + b * H + j] = h_new
                         y[(t * B + b) * D * H + d * H + j] = h_new
                         if s == steps - 1:
                             h_n[d * BH + b * H + j] = h_new
@@ -215,12 +234,14 @@ def tile_forward(train, C):
                             for gate, v in enumerate((r, z, n, hb[2])):
                                 gates[g0 + gate * H + j] = v
                         nxt[i, j] = h_new
-                h_s[(s + 1) & 1] = nxt
+                vec[(s + 1) & 1] = nxt
     return run
 
 
-def tile_backward(C):
-    """gru_tile_backward<T, C> for every cluster, its blocks in lock step."""
+def tile_backward(tile):
+    """gru_tile_backward<double, C, Q, MR, NT> for every cluster, its blocks in lock step."""
+    C, Q, MR, NT = tile
+
     def run(grid, block, smem, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS,
             R):
         assert isinstance(dh_n, np.ndarray) or dh_n == 0     # 0: a null pointer, zeros
@@ -228,28 +249,29 @@ def tile_backward(C):
         dy, gates, hs, w_hh, dgi, dgh, dh0 = (
             a.reshape(-1) for a in (dy, gates, hs, w_hh, dgi, dgh, dh0))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
-        HP = -(-H // V) * V
-        LD = 3 * HP
-        assert smem == 16 + (2 * LD + 6 * J + gru_module.TILE_AHEAD * 6 * J) * R * 8
+        HS = KS * Q * V
+        assert block[0] == NT and R <= MR
+        assert smem == 16 + (6 * MR * HS + MR * 3 * J * KS + 6 * R * J
+                             + gru_module.TILE_AHEAD * R * 6 * J) * 8
         assert C == 1 or J % V == 0
-        for d, b0, rows, tiles, wts in _clusters(grid, C, R, B, H, J, KS, w_hh, False):
-            g_s = np.zeros((2, R, LD))
-            carry = [{i: 0.0 if dh_n is None else
-                      dh_n[d * BH + (b0 + i) * H + tl.j[tl.mine(i, rows)]]
-                      for i in range(rows)} for tl in tiles]
-            dhz = [{i: 0.0 for i in range(rows)} for tl in tiles]
+        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, False):
+            vec = np.zeros((2, MR, 3 * HS))
+            units = [[tl.units(i, rows, H) for i in range(rows)] for tl in tiles]
+            carry = [[np.zeros(len(u)) if dh_n is None else
+                      dh_n[d * BH + (b0 + i) * H + tl.c * J + u] for i, u in enumerate(us)]
+                     for tl, us in zip(tiles, units)]
+            dhz = [[np.zeros(len(u)) for u in us] for us in units]
             for s in range(steps - 1, -1, -1):
                 t = s if d == 0 else steps - 1 - s
-                nxt = g_s[s & 1].copy()
+                nxt = vec[s & 1].copy()
                 for c, (tl, wt) in enumerate(zip(tiles, wts)):
                     if s < steps - 1:
-                        acc = tl.product(wt, [g_s[(s + 1) & 1, i] for i in range(rows)],
-                                         HP, HP)
+                        sums = tl.product(wt, vec[(s + 1) & 1], HS)
                     for i in range(rows):
-                        m = tl.mine(i, rows)
-                        j, b = tl.j[m], b0 + i
+                        u = units[c][i]
+                        j, b = tl.c * J + u, b0 + i
                         if s < steps - 1:
-                            a = acc[i][m]
+                            a = sums[i][u]
                             carry[c][i] = dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
                         g0 = ((d * steps + s) * B + b) * 4 * H
                         r, z, n, hn = (gates[g0 + gate * H + j] for gate in range(4))
@@ -262,14 +284,14 @@ def tile_backward(C):
                         ri, rh = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
                         dgi[ri + j], dgi[ri + H + j], dgi[ri + 2 * H + j] = dr, dz, dn
                         dgh[rh + j], dgh[rh + H + j], dgh[rh + 2 * H + j] = dr, dz, dn * r
-                        nxt[i, j], nxt[i, HP + j], nxt[i, 2 * HP + j] = dr, dz, dn * r
-                g_s[s & 1] = nxt
+                        nxt[i, j], nxt[i, HS + j], nxt[i, 2 * HS + j] = dr, dz, dn * r
+                vec[s & 1] = nxt
             for c, (tl, wt) in enumerate(zip(tiles, wts)):
-                acc = tl.product(wt, [g_s[0, i] for i in range(rows)], HP, HP)
+                sums = tl.product(wt, vec[0], HS)
                 for i in range(rows):
-                    m = tl.mine(i, rows)
-                    a = acc[i][m]
-                    dh0[d * BH + (b0 + i) * H + tl.j[m]] = \
+                    u = units[c][i]
+                    a = sums[i][u]
+                    dh0[d * BH + (b0 + i) * H + tl.c * J + u] = \
                         dhz[c][i] + ((a[:, 0] + a[:, 1]) + a[:, 2])
     return run
 
@@ -294,10 +316,11 @@ def host_device(monkeypatch):
                "gru_forward_step<double,false>": forward_step(False),
                "gru_backward_step<double>": backward_step,
                "gru_sum_chunks<double>": sum_chunks}
-    for c in _rt.GRU_CLUSTERS:
-        kernels[f"gru_tile_backward<double,{c}>"] = tile_backward(c)
+    for tile in gru_module.TILES[8]:
+        plan = gru_module.TilePlan(*tile[:1], 1, 1, 1, 1, *tile[1:], 0, 0)
+        kernels[plan.backward_kernel("double")] = tile_backward(tile)
         for train in (True, False):
-            kernels[f"gru_tile_forward<double,{c},{str(train).lower()}>"] = tile_forward(train, c)
+            kernels[plan.forward_kernel("double", train)] = tile_forward(train, tile)
     monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
     monkeypatch.setattr(_rt, "kernel", lambda filename, name: kernels[name])
     monkeypatch.setattr(gru_module, "_persist_kernel", lambda name, smem: kernels[name])
@@ -369,22 +392,22 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 7, 2, 3, True, True),
                                            (5, 1, 3, 17, True, False), (3, 9, 2, 33, False, True),
                                            (2, 3, 2, 1, True, True)])
-@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
+@pytest.mark.parametrize("tile", gru_module.TILES[8], ids=str)
 def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
-                                               h0, cluster):
+                                               h0, tile):
     """The block- and cluster-scope kernels' layout (weights per thread, lanes per unit, the
-    shared buffers, rows per group), transcribed in numpy, on every cluster size and row count
-    the kernels take, computes the oracle's results."""
-    if gru_module._tile_split(B, H, 2 if bi else 1, cluster, 1, 8) is None:
-        pytest.skip("no tile split of this cluster size")
+    shared buffers, rows per group, the pointwise threads), transcribed in numpy, for every
+    built tile kernel and row count it takes, computes the oracle's results."""
+    D = 2 if bi else 1
+    if gru_module._tile_split(B, H, D, tile, 1, 8) is None:
+        pytest.skip("the tile kernel does not hold this H")
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     dev = host_device
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
-    D = 2 if bi else 1
     dims = (T, B, I, H, D)
-    for rows in range(1, gru_module.TILE_ROWS[8] + 1):
-        plan = gru_module._tile_split(B, H, D, cluster, rows, 8)
+    for rows in range(1, tile[2] + 1):
+        plan = gru_module._tile_split(B, H, D, tile, rows, 8)
         saved_dev = _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref)
     no_dh_n = oracle.gru_backward(p["dy"], None, saved)
     got = gru_module._backward_gpu(dev(p["dy"]), None, saved_dev, dims, plan)
@@ -392,32 +415,48 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
 
 
-@pytest.mark.parametrize("itemsize", [4, 8])
-@pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 130, 256, 257, 512])
-@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
-def test_tile_splits_respect_the_kernels_limits(H, cluster, itemsize):
-    """Every tile split fits the kernels: every block owns units, a unit's lanes divide a
-    warp and cover H with at most TILE_PACKS packs each, the units fit the block."""
+def _all_tiles():
+    return [(it, tile) for it in (4, 8) for tile in gru_module.TILES[it]]
+
+
+@pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512])
+@pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
+def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
+    """Every tile split fits its kernels: every block owns units, a unit's lanes (a power of
+    two up to TILE_LANES) cover H with the kernel's packs, the product's and the pointwise
+    step's threads fit the block, and the rank counts waves of clusters."""
+    cluster, packs, max_rows, threads = tile
     v = 16 // itemsize
-    for rows in range(1, gru_module.TILE_ROWS[itemsize] + 1):
-        plan = gru_module._tile_split(37, H, 1, cluster, rows, itemsize)
+    for rows in range(1, max_rows + 1):
+        plan = gru_module._tile_split(37, H, 1, tile, rows, itemsize)
         if plan is None:
             continue
-        assert plan.cluster == cluster and plan.rows == rows and plan.groups * rows >= 37
+        assert (plan.cluster, plan.packs, plan.max_rows, plan.threads) == tile
+        assert plan.rows == rows and plan.groups * rows >= 37 > (plan.groups - 1) * rows
         assert (cluster - 1) * plan.units < H <= cluster * plan.units
-        assert 32 % plan.lanes == 0 and plan.lanes >= rows
+        assert plan.lanes & (plan.lanes - 1) == 0
+        assert plan.lanes <= gru_module.TILE_LANES[threads]
         assert cluster == 1 or plan.units % v == 0
-        assert plan.units * plan.lanes <= gru_module.FAST_THREADS
-        assert plan.lanes * gru_module.TILE_PACKS * v >= H
-        assert gru_module._tile_rank(plan, H, 1, 16, itemsize)[0] == -(-plan.groups // 16)
-    # the largest H the kernels hold at each cluster size; below, every block needs a unit
-    fits = {1: (64, 64), 2: (128, 64), 4: (128, 128), 8: (256, 128)}[cluster][itemsize // 8]
-    units = -(-H // cluster)
-    if cluster > 1:
-        units = -(-units // v) * v        # clusters exchange whole 16-byte packs of units
-    every_block = (cluster - 1) * units < H
-    assert ((gru_module._tile_split(1, H, 1, cluster, 1, itemsize) is not None)
-            == (H <= fits and every_block))
+        assert plan.units * plan.lanes <= threads and plan.units * rows <= threads
+        assert plan.lanes * packs * v >= H > plan.lanes // 2 * packs * v
+        assert gru_module._tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
+def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):
+    """The largest H some tile kernel of each cluster size holds (docs/api.md's limits);
+    below it, every H whose units leave no block empty."""
+    fits = {1: (128, 64), 2: (128, 64), 4: (128, 128), 8: (256, 128)}[cluster][itemsize // 8]
+    v = 16 // itemsize
+    tiles = [t for t in gru_module.TILES[itemsize] if t[0] == cluster]
+    for H in range(1, 300):
+        units = -(-H // cluster)
+        if cluster > 1:
+            units = -(-units // v) * v    # clusters exchange whole 16-byte packs of units
+        every_block = (cluster - 1) * units < H
+        held = any(gru_module._tile_split(1, H, 1, t, 1, itemsize) for t in tiles)
+        assert held == (H <= fits and every_block), H
 
 
 def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkeypatch):

@@ -482,25 +482,27 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 }
 
 // ---- the fast path at block and cluster scope: weights in registers ----------------------
-// For hidden sizes up to a few hundred units. A cluster of C blocks (C = 1: one block) runs
-// one direction d for one group of at most GruTileRows<T>::N batch rows, b0 = g*R: gridDim.x =
+// For hidden sizes up to a few hundred units. A cluster of C blocks (C = 1: one block) of NT
+// threads runs one direction d for one group of R <= MR batch rows, b0 = g*R: gridDim.x =
 // groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
 // so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
-// j0 = c*J; thread (u = tid / KS, ks = tid % KS) holds, for unit j0 + u, the weights of the
-// 16-byte packs p = ks + q*KS (q < GRU_TILE_PACKS) of each gate, in registers:
-//   forward   w[g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
-//   backward  w[g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
-// Every block keeps the whole vector its product needs in shared memory, double-buffered by
-// step parity: h (R x H) forward, d_gate_h (R x 3H) backward. Each step the KS lanes of a
-// unit sum their packs (two partial sums, even and odd q), add across the lanes with a
-// butterfly (every lane gets the same bits: each level adds the same two values, only in
-// swapped order), and lane ks applies the pointwise step to row ks (KS >= R). It writes the
-// outputs to global memory and its unit's new values into the other buffer: directly in one
-// block, ending the step at __syncthreads; in a cluster through the exchange below
-// (distributed shared memory and mbarriers, no cluster-wide barrier per step).
-#define GRU_TILE_PACKS 8   // 16-byte packs per gate and thread: H <= KS * 8 * V
-// batch rows per group, at most (float: 8; double: 4, where 8 spills registers)
-template <typename T> struct GruTileRows { static constexpr int N = sizeof(T) == 4 ? 8 : 4; };
+// j0 = c*J. A step has two phases.
+// 1. The product. Thread (u = tid / KS, ks = tid % KS), tid < J*KS, holds for unit j0 + u
+//    the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each gate, in registers,
+//    zero past H:
+//      forward   w[g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
+//      backward  w[g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
+//    It multiplies them with the vector each block keeps whole in shared memory, double-
+//    buffered by step parity: h (MR rows of HS) forward, d_gate_h (MR rows of 3 segments of
+//    HS) backward. HS = KS*Q*V >= H, and the vector is zero past H and in the rows past R,
+//    so every lane runs exactly Q packs of MR rows, with no branch. Its two partial sums
+//    (even and odd q) are added and stored at part[row][gate][u][ks].
+// 2. The pointwise step, after __syncthreads. Thread p < J*R serves unit u = p % J of row
+//    i = p / J: it adds the KS lane sums of its unit in lane order (the same bits every run),
+//    applies the step, writes the outputs to global memory and its new values into the other
+//    buffer: directly in one block, ending the step at __syncthreads; in a cluster through
+//    the exchange below (distributed shared memory and mbarriers, no cluster-wide barrier
+//    per step). What it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
@@ -648,25 +650,95 @@ __device__ __forceinline__ void gru_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(GRU_TILE_AHEAD - 1) : "memory");
 }
 
-// the sum over the KS lanes of a unit (KS a power of two up to 32), the same bits in each
-template <typename T> __device__ __forceinline__ T gru_lane_sum(T v, int KS) {
+// the most lanes per unit a block of NT threads takes (more lanes need more registers in
+// the pointwise step)
+__host__ __device__ constexpr int gru_tile_lanes(int NT) { return NT >= 512 ? 4 : 8; }
+
+// out[g] = p[g*ld] + p[g*ld + 1] + ... + p[g*ld + K-1], added in that order (shared memory)
+template <typename T, int K>
+__device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
+    constexpr int V = Pack16<T>::N;
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1)
-        if (off < KS) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
+    for (int g = 0; g < 3; ++g) {
+        T x[K];
+        if constexpr (K % V == 0) {   // 16-byte packs (K*sizeof(T) divides the offsets)
+#pragma unroll
+            for (int c = 0; c < K / V; ++c) {
+                T v[V];
+                gru_smem_pack(p + g * ld + c * V, v);
+#pragma unroll
+                for (int e = 0; e < V; ++e) x[c * V + e] = v[e];
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < K; ++k) x[k] = p[g * ld + k];
+        }
+        T v = x[0];
+#pragma unroll
+        for (int k = 1; k < K; ++k) v += x[k];
+        out[g] = v;
+    }
 }
 
+// The block's roles and its shared memory: [16 B: two mbarriers][vec: 2][MR][segs*HS]
+// [part: MR][3][J*KS][stage: 2][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is
+// 1 forward (h) and 3 backward (d_gate_h), and ring the values a pointwise step reads ahead
+// (3 forward, 6 backward); forward, the biases of the block's units follow ([6][J]).
+template <typename T, int C, int Q, int MR> struct GruTile {
+    static constexpr int V = Pack16<T>::N;
+    int d, b0, rows, j0, HS, JK;
+    int wu, ks;         // the product: unit wu (of this block) and lane ks
+    bool wactive;       //   wu is a unit of H
+    int pu, pi, j, bm;  // the pointwise step: unit pu, row pi; j = j0 + pu, row bm of the batch
+    bool mine;          //   this thread has a pointwise step
+    T *vec, *part, *stage, *ring;
+    __device__ __forceinline__ GruTile(unsigned char* smem, int B, int H, int J, int KS, int R,
+                                       int segs) {
+        d = blockIdx.y;
+        b0 = (blockIdx.x / C) * R;
+        rows = min(R, B - b0);
+        j0 = gru_cluster_rank<C>() * J;
+        HS = KS * Q * V;
+        JK = J * KS;
+        const int tid = threadIdx.x;
+        wu = tid / KS;
+        ks = tid - wu * KS;
+        wactive = wu < min(J, H - j0);
+        pi = tid / J;
+        pu = tid - pi * J;
+        mine = pi < rows && pu < H - j0;
+        j = mine ? j0 + pu : 0;
+        bm = mine ? b0 + pi : 0;
+        vec = reinterpret_cast<T*>(smem + 16);
+        part = vec + 2 * MR * segs * HS;
+        stage = part + MR * 3 * JK;
+        ring = stage + 2 * R * segs * J;
+    }
+    // the vector of step parity b, row i
+    __device__ __forceinline__ T* row(int b, int i, int segs) const {
+        return vec + (b * MR + i) * segs * HS;
+    }
+    // this thread's sums of the three gates: the lane sums of its unit, in lane order
+    // (KS a power of two up to gru_tile_lanes(NT))
+    template <int NT> __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
+        const T* p = part + pi * 3 * JK + pu * KS;
+        if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK);
+        else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK);
+        else if (KS == 4 || gru_tile_lanes(NT) == 4) gru_sum_lanes<T, 4>(out, p, JK);
+        else gru_sum_lanes<T, 8>(out, p, JK);
+    }
+};
 
-// the thread's weights: forward rows (FWD) or backward columns of unit j, zero outside H
-template <typename T, bool FWD>
-__device__ __forceinline__ void gru_tile_weights(T (&w)[3][GRU_TILE_PACKS][Pack16<T>::N],
-                                                 const T* wd, int H, int j, int ks, int KS,
-                                                 bool active) {
+// the product thread's weights: forward rows (FWD) or backward columns of unit j, zero
+// outside H
+template <typename T, int Q, bool FWD>
+__device__ __forceinline__ void gru_tile_weights(T (&w)[3][Q][Pack16<T>::N], const T* wd,
+                                                 int H, int j, int ks, int KS, bool active) {
     constexpr int V = Pack16<T>::N;
 #pragma unroll
     for (int g = 0; g < 3; ++g)
 #pragma unroll
-        for (int q = 0; q < GRU_TILE_PACKS; ++q)
+        for (int q = 0; q < Q; ++q)
 #pragma unroll
             for (int e = 0; e < V; ++e) {
                 const int k = (ks + q * KS) * V + e;
@@ -676,250 +748,212 @@ __device__ __forceinline__ void gru_tile_weights(T (&w)[3][GRU_TILE_PACKS][Pack1
             }
 }
 
-// acc[i][g] = this thread's part of sum over k of w[g][k] * v_s[i][g*gstride + k] for rows
-// i < rows (ONE: one vector for the three gates, gstride unused), then summed across the
-// unit's lanes
-template <bool ONE, typename T>
-__device__ __forceinline__ void gru_tile_product(T (&acc)[GruTileRows<T>::N][3],
-                                                 const T (&w)[3][GRU_TILE_PACKS][Pack16<T>::N],
-                                                 const T* v_s, int ld, int gstride, int rows,
-                                                 int packs, int ks, int KS) {
-    constexpr int V = Pack16<T>::N, MR = GruTileRows<T>::N;
-    T acc2[MR][3];
+// Phase 1 for every row i < MR: this lane's part of sum over k of w[g][k] * v[i][g][k]
+// (rows ld apart, gate segments gstride apart; ONE: one segment for the three gates) into
+// part[i][g][slot], slot = u*KS + ks (rows JK*3 apart)
+template <bool ONE, int Q, int MR, typename T>
+__device__ __forceinline__ void gru_tile_product(T* part, const T (&w)[3][Q][Pack16<T>::N],
+                                                 const T* v, int ld, int gstride, int ks,
+                                                 int KS, int slot, int JK) {
+    constexpr int V = Pack16<T>::N;
+    T a[MR][3], b[MR][3];
 #pragma unroll
     for (int i = 0; i < MR; ++i)
 #pragma unroll
-        for (int g = 0; g < 3; ++g) acc[i][g] = acc2[i][g] = T(0);
+        for (int g = 0; g < 3; ++g) a[i][g] = b[i][g] = T(0);
 #pragma unroll
-    for (int i = 0; i < MR; ++i) {
-        if (i >= rows) break;
+    for (int i = 0; i < MR; ++i)
 #pragma unroll
-        for (int q = 0; q < GRU_TILE_PACKS; ++q) {
-            const int p = ks + q * KS;
-            if (p < packs) {
-                T v[V];
+        for (int q = 0; q < Q; ++q) {
+            T x[V];
 #pragma unroll
-                for (int g = 0; g < 3; ++g) {
-                    if (g == 0 || !ONE) gru_smem_pack(v_s + i * ld + g * gstride + p * V, v);
-                    if (q & 1) gru_dot16(acc2[i][g], w[g][q], v);
-                    else gru_dot16(acc[i][g], w[g][q], v);
-                }
+            for (int g = 0; g < 3; ++g) {
+                if (g == 0 || !ONE) gru_smem_pack(v + i * ld + g * gstride + (ks + q * KS) * V, x);
+                gru_dot16((q & 1) ? b[i][g] : a[i][g], w[g][q], x);
             }
+            if (!ONE) asm volatile("" ::: "memory");   // (three packs at a time in registers)
         }
-    }
 #pragma unroll
     for (int i = 0; i < MR; ++i)
-        if (i < rows)
 #pragma unroll
-            for (int g = 0; g < 3; ++g) acc[i][g] = gru_lane_sum(acc[i][g] + acc2[i][g], KS);
+        for (int g = 0; g < 3; ++g) part[(i * 3 + g) * JK + slot] = a[i][g] + b[i][g];
 }
 
-// acc[i][g] of row i = ks (a lane serves the row of its own lane number; KS >= the rows)
-template <typename T>
-__device__ __forceinline__ void gru_row_of_lane(T (&out)[3],
-                                                const T (&acc)[GruTileRows<T>::N][3], int ks) {
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-        out[g] = acc[0][g];
-#pragma unroll
-        for (int i = 1; i < GruTileRows<T>::N; ++i)
-            if (ks == i) out[g] = acc[i][g];
-    }
-}
-
-template <typename T, int C, bool TRAIN>
-__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C)
+template <typename T, int C, int Q, int MR, int NT, bool TRAIN>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                  const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
                  T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
                  int B, int H, int S, int J, int KS, int R) {
-    constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const int packs = (H + V - 1) / V, HP = packs * V;
+    const GruTile<T, C, Q, MR> tl(gru_smem, B, H, J, KS, R, 1);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
-    T* h_s = reinterpret_cast<T*>(gru_smem + 16);        // [2][R][HP]
-    T* stage = h_s + 2 * R * HP;                           // [2][R][J] (cluster exchange)
-    T* x_s = stage + 2 * R * J;                            // [GRU_TILE_AHEAD][R][3][J]
-    const int D = gridDim.y, d = blockIdx.y, c = gru_cluster_rank<C>();
-    const int b0 = (blockIdx.x / C) * R, rows = min(R, B - b0);
-    const int j0 = c * J, u = threadIdx.x / KS, ks = threadIdx.x % KS;
-    const bool active = u < min(J, H - j0);
-    const int j = active ? j0 + u : 0;
+    const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
-    T w[3][GRU_TILE_PACKS][V];
-    gru_tile_weights<T, true>(w, w_hh + d * H3 * H, H, j, ks, KS, active);
-    for (int idx = threadIdx.x; idx < 2 * R * HP; idx += GRU_NT) {
-        const int i = (idx / HP) % R, k = idx % HP;
-        h_s[idx] = (idx < R * HP && i < rows && k < H)
-                       ? hs[(long long)d * S * BH + (long long)(b0 + i) * H + k] : T(0);
+    T w[3][Q][Pack16<T>::N];
+    gru_tile_weights<T, Q, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.ks, KS, tl.wactive);
+    for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
+        const int i = idx / HS, k = idx - i * HS;
+        tl.vec[idx] = (i < tl.rows && k < H)
+                          ? hs[(long long)d * S * BH + (long long)(tl.b0 + i) * H + k] : T(0);
     }
-    for (int idx = threadIdx.x; idx < 2 * R * J; idx += GRU_NT) stage[idx] = T(0);
-    // lane ks of unit j serves row b0 + ks: its biases, and the addresses of its row at step
-    // or time 0 with the stride per step (or time)
-    const bool mine = active && ks < rows;
-    const int bm = mine ? b0 + ks : 0;
-    T bi[3], bh[3];
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-        bi[g] = mine ? b_ih[d * H3 + g * H + j] : T(0);
-        bh[g] = mine ? b_hh[d * H3 + g * H + j] : T(0);
+    for (int idx = threadIdx.x; idx < 2 * R * J; idx += NT) tl.stage[idx] = T(0);
+    // the pointwise thread's biases, and the addresses of its row at step or time 0 with
+    // the stride per step (or time)
+    // (the biases of the block's units wait in shared memory, after the ring: registers
+    // are short with NT = 512)
+    T* bias = tl.ring + GRU_TILE_AHEAD * R * 3 * J + tl.pu;   // [b_ih | b_hh][3][J]
+    for (int idx = threadIdx.x; idx < 6 * J; idx += NT) {
+        const int g = idx / J, u = idx - g * J;
+        tl.ring[GRU_TILE_AHEAD * R * 3 * J + idx] =
+            tl.j0 + u < H ? (g < 3 ? b_ih : b_hh - 3 * H)[d * H3 + g * H + tl.j0 + u] : T(0);
     }
-    const T* gi_m = gi + ((long long)bm * D + d) * H3 + j;           // + t * B*D*3H
-    T* y_m = y + ((long long)bm * D + d) * H + j;                     // + t * B*D*H
-    T* hs_m = hs + (long long)d * S * BH + (long long)bm * H + j;     // + slot * B*H
-    T* gates_m = gates + ((long long)d * steps * B + bm) * 4 * H + j; // + s * B*4H
-    const long long gi_t = (long long)B * D * H3, y_t = (long long)B * D * H;
+    // the pointwise thread's rows: of gi and y by time t, (t*B + bm)*D + d; of gates by step
+    // s, (d*steps + s)*B + bm (of hs, d*B + B more: slot s + 1)
+    const int bm = tl.bm;
+    const long long time_row = (long long)bm * D + d, step_row = (long long)d * steps * B + bm;
+    T* ring_m = tl.ring + tl.pi * 3 * J + tl.pu;                      // + slot * R*3*J
     // the input projection of step s into the ring, GRU_TILE_AHEAD steps ahead
     auto fetch = [&](int s) {
-        if (mine && s < steps) {
-            const T* src = gi_m + gru_time(d, steps, s) * gi_t;
-            T* dst = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 3 * J + u;
+        if (tl.mine && s < steps) {
+            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+            const T* src = gi + f * H3 + j;
+            T* dst = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
 #pragma unroll
             for (int g = 0; g < 3; ++g) gru_copy_async(dst + g * J, src + g * H);
         }
         gru_copy_commit();
     };
+#pragma unroll 1
     for (int s = 0; s < GRU_TILE_AHEAD; ++s) fetch(s);
     gru_exchange_init<C>(bars);
-    gru_cluster_barrier<C>();   // every block of the cluster has started and filled h_s
+    gru_cluster_barrier<C>();   // every block of the cluster has started and filled its vector
     for (int s = 0; s < steps; ++s) {
         if (s > 0) gru_exchange_wait<C>(bars, s & 1, s);
-        const T* cur = h_s + (s & 1) * R * HP;
-        T* nxt = h_s + ((s + 1) & 1) * R * HP;
-        T acc[GruTileRows<T>::N][3];
-        gru_tile_product<true>(acc, w, cur, HP, 0, rows, packs, ks, KS);
+        if (threadIdx.x < tl.JK)
+            gru_tile_product<true, Q, MR>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks, KS,
+                                          threadIdx.x, tl.JK);
         gru_copy_wait();
-        if (mine) {
+        __syncthreads();
+        if (tl.mine) {
+            const T* x = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
             T gh[3];
-            gru_row_of_lane(gh, acc, ks);
-            const T* x = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 3 * J + u;
-            const T hn = gh[2] + bh[2];
+            tl.template unit_sums<NT>(gh, KS);
+            const T hn = gh[2] + bias[5 * J];
             T r, z, n;
-            const T h_new = gru_cell(x[0] + bi[0], x[J] + bi[1], x[2 * J] + bi[2],
-                                     gh[0] + bh[0], gh[1] + bh[1], hn, cur[ks * HP + j], r, z,
-                                     n);
-            const int t = gru_time(d, steps, s);
-            hs_m[((s + 1) % S) * BH] = h_new;
-            y_m[t * y_t] = h_new;
+            const T h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
+                                     gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
+                                     tl.row(s & 1, tl.pi, 1)[j], r, z, n);
+            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+            const long long e = step_row + (long long)s * B;
+            if (TRAIN) hs[(e + (d + 1) * B) * H + j] = h_new;   // (S = steps + 1)
+            y[f * H + j] = h_new;
             if (s == steps - 1) h_n[d * BH + (long long)bm * H + j] = h_new;
             if (TRAIN) {
-                T* g = gates_m + (long long)s * B * 4 * H;
+                T* g = gates + e * 4 * H + j;
                 g[0] = r;
                 g[H] = z;
                 g[2 * H] = n;
                 g[3 * H] = hn;
             }
-            if (C > 1) stage[((s & 1) * R + ks) * J + u] = h_new;
-            else nxt[ks * HP + j] = h_new;
+            if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
+            else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
         }
-        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same lane)
-        gru_exchange_done<T, C>(bars, (s + 1) & 1, nxt, HP, 0, stage + (s & 1) * R * J, rows, 1,
-                                J, j0, HP);
+        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
+        gru_exchange_done<T, C>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
+                                tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0, HP);
     }
     if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
 }
 
-template <typename T, int C>
-__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C)
+template <typename T, int C, int Q, int MR, int NT>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                   const T* __restrict__ hs, const T* __restrict__ w_hh,
                   const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
                   T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J,
                   int KS, int R) {
-    constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const int packs = (H + V - 1) / V, HP = packs * V, LD = 3 * HP;
+    const GruTile<T, C, Q, MR> tl(gru_smem, B, H, J, KS, R, 3);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
-    T* g_s = reinterpret_cast<T*>(gru_smem + 16);        // [2][R][3][HP]
-    T* stage = g_s + 2 * R * LD;                           // [2][R][3][J] (cluster exchange)
-    T* x_s = stage + 6 * R * J;                            // [GRU_TILE_AHEAD][R][6][J]
-    const int D = gridDim.y, d = blockIdx.y, c = gru_cluster_rank<C>();
-    const int b0 = (blockIdx.x / C) * R, rows = min(R, B - b0);
-    const int j0 = c * J, u = threadIdx.x / KS, ks = threadIdx.x % KS;
-    const bool active = u < min(J, H - j0);
-    const int j = active ? j0 + u : 0;
+    const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
-    T w[3][GRU_TILE_PACKS][V];
-    gru_tile_weights<T, false>(w, w_hh + d * H3 * H, H, j, ks, KS, active);
-    for (int idx = threadIdx.x; idx < 2 * R * LD; idx += GRU_NT) g_s[idx] = T(0);
-    for (int idx = threadIdx.x; idx < 6 * R * J; idx += GRU_NT) stage[idx] = T(0);
-    // lane ks of unit j serves row b0 + ks: the carried gradient, dh*z, and the addresses of
-    // its row at step or time 0 with the stride per step (or time)
-    const bool mine = active && ks < rows;
-    const int bm = mine ? b0 + ks : 0;
-    T carry = (mine && dh_n) ? dh_n[d * BH + (long long)bm * H + j] : T(0), dhz = T(0);
-    const T* dy_m = dy + ((long long)bm * D + d) * H + j;                     // + t*B*D*H
-    const T* gates_m = gates + ((long long)d * steps * B + bm) * 4 * H + j;   // + s*B*4H
-    const T* hs_m = hs + ((long long)d * (steps + 1) * B + bm) * H + j;       // + s*B*H
-    T* dgi_m = dgi + ((long long)bm * D + d) * H3 + j;                        // + t*B*D*3H
-    T* dgh_m = dgh + ((long long)d * steps * B + bm) * H3 + j;                // + s*B*3H
-    const long long dy_t = (long long)B * D * H, dgi_t = (long long)B * D * H3;
-    // what S1 reads besides the carry, step s (counting down) into ring slot s % AHEAD:
-    // r, z, n, hn, h, dy
+    T w[3][Q][Pack16<T>::N];
+    gru_tile_weights<T, Q, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.ks, KS,
+                                  tl.wactive);
+    for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
+    for (int idx = threadIdx.x; idx < 6 * R * J; idx += NT) tl.stage[idx] = T(0);
+    // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step or
+    // time 0 with the stride per step (or time)
+    const int bm = tl.bm;
+    T carry = (tl.mine && dh_n) ? dh_n[d * BH + (long long)bm * H + j] : T(0), dhz = T(0);
+    // its rows: of dy and dgi by time t, (t*B + bm)*D + d; of gates and dgh by step s,
+    // (d*steps + s)*B + bm (of hs, d*B more)
+    const long long time_row = (long long)bm * D + d, step_row = (long long)d * steps * B + bm;
+    T* ring_m = tl.ring + tl.pi * 6 * J + tl.pu;                              // + slot*R*6*J
+    // what a step reads besides the carry, step s (counting down) into ring slot
+    // s % GRU_TILE_AHEAD: r, z, n, hn, h, dy
     auto fetch = [&](int s) {
-        if (mine && s >= 0) {
-            const T* g = gates_m + (long long)s * B * 4 * H;
-            T* v = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 6 * J + u;
+        if (tl.mine && s >= 0) {
+            const long long e = step_row + (long long)s * B;
+            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+            const T* g = gates + e * 4 * H + j;
+            T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
 #pragma unroll
             for (int k = 0; k < 4; ++k) gru_copy_async(v + k * J, g + k * H);
-            gru_copy_async(v + 4 * J, hs_m + s * BH);
-            gru_copy_async(v + 5 * J, dy_m + gru_time(d, steps, s) * dy_t);
+            gru_copy_async(v + 4 * J, hs + (e + (long long)d * B) * H + j);
+            gru_copy_async(v + 5 * J, dy + f * H + j);
         }
         gru_copy_commit();
     };
+#pragma unroll 1
     for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
     gru_exchange_init<C>(bars);
-    gru_cluster_barrier<C>();   // every block of the cluster has started and zeroed g_s
-    T acc[GruTileRows<T>::N][3];
-    for (int s = steps - 1; s >= 0; --s) {
-        if (s < steps - 1) {
-            // d_gate_h of step s + 1, written into buffer (s + 1) & 1
-            gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
-            gru_tile_product<false>(acc, w, g_s + ((s + 1) & 1) * R * LD, LD, HP, rows, packs,
-                                    ks, KS);
-            T gsum[3];
-            gru_row_of_lane(gsum, acc, ks);
-            carry = dhz + ((gsum[0] + gsum[1]) + gsum[2]);
-        }
+    gru_cluster_barrier<C>();   // every block of the cluster has started and zeroed its vector
+    // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1)
+    auto carried = [&](int s) {
+        gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
+        if (threadIdx.x < tl.JK)
+            gru_tile_product<false, Q, MR>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS, HS,
+                                           tl.ks, KS, threadIdx.x, tl.JK);
         gru_copy_wait();
-        T* nxt = g_s + (s & 1) * R * LD;
-        if (mine) {
-            const T* v = x_s + ((s % GRU_TILE_AHEAD) * R + ks) * 6 * J + u;
+        __syncthreads();
+        if (!tl.mine) return T(0);
+        T gs[3];
+        tl.template unit_sums<NT>(gs, KS);
+        return dhz + ((gs[0] + gs[1]) + gs[2]);
+    };
+    for (int s = steps - 1; s >= 0; --s) {
+        if (s < steps - 1) carry = carried(s);
+        else gru_copy_wait();
+        if (tl.mine) {
+            const T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
             const T r = v[0];
             T dr, dz, dn;
             dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
                                     dr, dz, dn);
-            const int t = gru_time(d, steps, s);
-            T* gi_row = dgi_m + t * dgi_t;
+            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+            T* gi_row = dgi + f * H3 + j;
             gi_row[0] = dr;
             gi_row[H] = dz;
             gi_row[2 * H] = dn;
-            T* gh_row = dgh_m + (long long)s * B * H3;
+            T* gh_row = dgh + (step_row + (long long)s * B) * H3 + j;
             gh_row[0] = dr;
             gh_row[H] = dz;
             gh_row[2 * H] = dn * r;
-            if (C > 1) {
-                T* st = stage + ((s & 1) * R + ks) * 3 * J + u;
-                st[0] = dr;
-                st[J] = dz;
-                st[2 * J] = dn * r;
-            } else {
-                nxt[ks * LD + j] = dr;
-                nxt[ks * LD + HP + j] = dz;
-                nxt[ks * LD + 2 * HP + j] = dn * r;
-            }
+            T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
+                           : tl.row(s & 1, tl.pi, 3) + j;
+            const int seg = C > 1 ? J : HS;
+            out[0] = dr;
+            out[seg] = dz;
+            out[2 * seg] = dn * r;
         }
-        fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this same lane)
-        gru_exchange_done<T, C>(bars, s & 1, nxt, LD, HP, stage + (s & 1) * R * 3 * J, rows, 3,
-                                J, j0, HP);
+        fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
+        gru_exchange_done<T, C>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
+                                tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J, tl.j0, HP);
     }
-    gru_exchange_wait<C>(bars, 0, steps);
-    gru_tile_product<false>(acc, w, g_s, LD, HP, rows, packs, ks, KS);   // d_gate_h, step 0
-    if (mine) {
-        T gsum[3];
-        gru_row_of_lane(gsum, acc, ks);
-        dh0[d * BH + (long long)bm * H + j] = dhz + ((gsum[0] + gsum[1]) + gsum[2]);
-    }
+    const T dh = carried(-1);   // d_gate_h of step 0, in buffer 0
+    if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;
     if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
 }
 
@@ -939,8 +973,8 @@ __global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, 
 
 // ---- barrier probes for the benchmark: n barriers of one scope and nothing else -----------
 // The floor of the fast path's step: its barrier (block or cluster; grid below), timed alone.
-template <int C>
-__global__ void __launch_bounds__(GRU_NT, 1) GRU_CLUSTER_DIMS(C) gru_barrier_probe(int n) {
+template <int C>   // (512: the most threads a tile kernel's block has)
+__global__ void __launch_bounds__(512, 1) GRU_CLUSTER_DIMS(C) gru_barrier_probe(int n) {
     for (int i = 0; i < n; ++i) gru_cluster_barrier<C>();
 }
 
