@@ -103,7 +103,7 @@ def fast_info(p, repeat=None):
         # every block receives its rows' whole vector through distributed shared memory
         moved = D * plan.blocks * plan.rows * H * 4
         info = {"cluster": plan.cluster, "rows": f"{plan.rows} per group", "lanes": plan.lanes,
-                "threads": plan.threads, "packs": plan.packs}
+                "threads": plan.threads, "packs": f"{plan.packs} x {plan.per_thread} units"}
     else:
         names = (f"gru_persist_forward<float,{plan.rows_per_thread},true>",
                  f"gru_persist_backward<float,{plan.rows_per_thread}>")
@@ -586,12 +586,12 @@ def tile_sweep(shape_ids, repeat):
     dev = cp.cuda.runtime.getDevice()
     lines = ["### Tile splits per shape (`python -m bench.gru --sweep`)", "",
              "Forward (history kept) and backward recurrence, device ms, for every built tile "
-             "kernel (cluster, packs per thread and gate, most rows, threads) that holds the "
-             "shape, with one row per group and with the rows fast_plan's ranking prefers for "
-             "that kernel; * = fast_plan's choice.", "",
-             "| id | cluster | packs | most rows | threads | rows | lanes | blocks | "
-             "clusters at once | forward | backward |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "kernel (cluster, packs per thread, gate and unit, most rows, threads, units per "
+             "thread) that holds the shape, with one row per group and with the rows "
+             "fast_plan's ranking prefers for that kernel; * = fast_plan's choice.", "",
+             "| id | cluster | packs | most rows | threads | units per thread | rows | lanes | "
+             "blocks | clusters at once | forward | backward |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for sid in shape_ids:
         T, B, I, H, bi = SHAPES[sid]
         p = make_problem(T, B, I, H, bi)
@@ -616,7 +616,8 @@ def tile_sweep(shape_ids, repeat):
                 tb = suite.gpu_time_us(bwd, n_repeat=repeat) / 1e3
                 mark = " *" if plan == chosen else ""
                 lines.append(f"| {sid} | {plan.cluster}{mark} | {plan.packs} | "
-                             f"{plan.max_rows} | {plan.threads} | {plan.rows} | {plan.lanes} | "
+                             f"{plan.max_rows} | {plan.threads} | {plan.per_thread} | "
+                             f"{plan.rows} | {plan.lanes} | "
                              f"{plan.blocks * D} | "
                              f"{gru._clusters_at_once(plan, 'float32', dev)} | {tf:.3f} | "
                              f"{tb:.3f} |")

@@ -135,9 +135,9 @@ class TilePlan:
     (1: a single block, scope "block"; else scope "cluster": distributed shared memory and
     mbarriers) of `threads` threads, each cluster one direction and one group of `rows` batch
     rows (`groups` groups per direction), each block `units` hidden units with `lanes`
-    threads per unit in the product, each thread `packs` 16-byte packs of each gate's weights;
-    the kernels are built for at most `max_rows` rows (and compute that many). Then the
-    dynamic shared memory per block of each kernel."""
+    threads per `per_thread` units in the product, each thread `packs` 16-byte packs of each
+    gate's weights of each of its units; the kernels are built for at most `max_rows` rows
+    (and compute that many). Then the dynamic shared memory per block of each kernel."""
     cluster: int
     groups: int
     rows: int
@@ -146,6 +146,7 @@ class TilePlan:
     packs: int
     max_rows: int
     threads: int
+    per_thread: int
     smem_fwd: int
     smem_bwd: int
 
@@ -158,8 +159,13 @@ class TilePlan:
         """blocks per direction"""
         return self.groups * self.cluster
 
+    @property
+    def tile(self):
+        """the tile kernels' TILES entry"""
+        return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
+
     def _args(self, ctype):
-        return f"{ctype},{self.cluster},{self.packs},{self.max_rows},{self.threads}"
+        return ctype + "," + ",".join(map(str, self.tile))
 
     def forward_kernel(self, ctype, train):
         """the registered name of the forward kernel for element type `ctype`"""
@@ -170,31 +176,34 @@ class TilePlan:
 
 
 #: the tile kernels built (cukernels._rt.GRU_TILES): per element size, (cluster, packs per
-#: thread and gate, most rows, threads); the most lanes per unit by threads per block
-#: (gru_tile_lanes in kernels/gru.cu); the inputs of TILE_AHEAD steps are in flight
+#: thread, gate and unit, most rows, threads, units per thread); the most lanes per unit
+#: (GRU_TILE_MAX_LANES in kernels/gru.cu); the inputs of TILE_AHEAD steps are in flight
 TILES = {4: _rt.GRU_TILES["float"], 8: _rt.GRU_TILES["double"]}
-TILE_LANES = {256: 8, 512: 4}
+TILE_MAX_LANES = 8
 TILE_AHEAD = 8
 
 
 def _tile_split(B, H, D, tile, rows, itemsize):
     """The TilePlan of the tile kernels `tile` (a TILES entry) for `rows` rows per group, or
     None where they cannot hold it."""
-    cluster, packs, max_rows, threads = tile
+    cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
     units = -(-H // cluster)
     if cluster > 1:
         units = -(-units // v) * v          # the exchange moves 16-byte packs of units
     if (cluster - 1) * units >= H or rows > max_rows or units * rows > threads:
         return None       # a block without units, or more pointwise steps than threads
+    if units % per_thread or B * D * 4 * H >= 2 ** 31:
+        return None       # (the kernels address a step's rows with 32-bit offsets)
     lanes = 1             # the fewest lanes whose packs cover H
     while lanes * packs * v < H:
         lanes *= 2
-    if lanes > TILE_LANES[threads] or units * lanes > threads:
+    if lanes > TILE_MAX_LANES or units // per_thread * lanes > threads:
         return None
     hs = lanes * packs * v                  # a vector row in shared memory, zero past H
     part = max_rows * 3 * units * lanes     # the lanes' sums
     return TilePlan(cluster, -(-B // rows), rows, units, lanes, packs, max_rows, threads,
+                    per_thread,
                     16 + (2 * max_rows * hs + part + 2 * rows * units
                           + TILE_AHEAD * rows * 3 * units + 6 * units) * itemsize,
                     16 + (6 * max_rows * hs + part + 6 * rows * units
@@ -206,12 +215,13 @@ def _tile_rank(plan, D, clusters_at_once):
     docs/performance.md (`python -m bench.gru --sweep`): fewest waves of clusters (groups run
     at once only as far as the GPU holds their clusters), then the fewest rows the kernel
     computes per group (a step's time grows with them), then one block over a cluster (no
-    exchange through distributed shared memory), then most packs per thread (fewer lanes:
-    fewer warps in the product and fewer lane sums to add), then fewer threads, the smaller
-    cluster, and the most rows per group (fewer clusters busy)."""
+    exchange through distributed shared memory), then most weights per thread (fewer lanes:
+    fewer warps in the product and fewer lane sums to add), then most units per thread (fewer
+    shared-memory loads per multiply-add), then fewer threads, the smaller cluster, and the
+    most rows per group (fewer clusters busy)."""
     waves = -(-(plan.groups * D) // max(1, clusters_at_once))
-    return (waves, plan.max_rows, plan.cluster > 1, -plan.packs, plan.threads, plan.cluster,
-            -plan.rows)
+    return (waves, plan.max_rows, plan.cluster > 1, -plan.packs * plan.per_thread,
+            -plan.per_thread, plan.threads, plan.cluster, -plan.rows)
 
 
 def fast_plan(B, H, D, dtype):

@@ -61,13 +61,17 @@ GRU_MAXP = {"float": (1, 2, 4, 8), "double": (1, 2, 4)}
 #: kernels; 8 is the largest every cluster-capable GPU runs
 GRU_CLUSTERS = (1, 2, 4, 8)
 #: the block- and cluster-scope GRU kernels built, per element type: (cluster size, 16-byte
-#: packs of each gate's weights per thread, most batch rows per group, threads per block).
-#: 512 threads hold 96 weight registers each (H up to 128 in one block, float); double with 8
-#: rows runs out of registers.
+#: packs of each gate's weights per thread, most batch rows per group, threads per block,
+#: units per thread). A thread holds 3 x packs x units packs of weights: 96 registers in
+#: float, so 512 threads hold H = 128 in one block; double with 8 rows, or 4 units per thread
+#: with 8 rows, run out of registers.
 GRU_TILES = {
-    "float": tuple((c, q, r, 256) for c in GRU_CLUSTERS for q in (4, 8) for r in (1, 8))
-             + ((1, 8, 1, 512),),
-    "double": tuple((c, 8, r, 256) for c in GRU_CLUSTERS for r in (1, 4)),
+    "float": tuple((c, q, r, 256, u) for c in GRU_CLUSTERS
+                   for (q, u), rows in (((4, 1), (1, 8)), ((8, 1), (1, 8)), ((4, 2), (1, 8)),
+                                      ((2, 4), (1,)))
+                   for r in rows)
+             + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)),
+    "double": tuple((c, 8, r, 256, 1) for c in GRU_CLUSTERS for r in (1, 4)),
 }
 
 
@@ -75,14 +79,15 @@ def gru_tile_runs_on(tile, cc: int) -> bool:
     """Whether cugru launches the tile kernels `tile` (a GRU_TILES entry) on a GPU of compute
     capability `cc` (90 for sm_90): clusters, and 512 threads (whose registers the sm_90
     compiler fits without spilling), from sm_90 on."""
-    cluster, packs, rows, threads = tile
+    cluster, packs, rows, threads, units = tile
     return cc >= 90 or (cluster == 1 and threads <= 256)
 
 
 def launched_on(filename: str, name: str, cc: int) -> bool:
     """Whether the registered instance `name` of `filename` is ever launched on compute
     capability `cc` (every instance is compiled for every GPU)."""
-    m = re.fullmatch(r"gru_tile_(?:forward|backward)<\w+,(\d+),(\d+),(\d+),(\d+).*>", name)
+    m = re.fullmatch(r"gru_tile_(?:forward|backward)<\w+,(\d+),(\d+),(\d+),(\d+),(\d+).*>",
+                     name)
     return not (filename == "gru.cu" and m) or gru_tile_runs_on(tuple(map(int, m.groups())), cc)
 
 
@@ -107,9 +112,10 @@ def _registry() -> dict[str, tuple[str, ...]]:
             + [f"gru_backward_step<{c}>" for c in t]
             + [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
             + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]
-            + [f"gru_tile_forward<{c},{n},{q},{r},{nt},{b}>"
-               for c in t for n, q, r, nt in GRU_TILES[c] for b in _BOOL]
-            + [f"gru_tile_backward<{c},{n},{q},{r},{nt}>" for c in t for n, q, r, nt in GRU_TILES[c]]
+            + [f"gru_tile_forward<{c},{','.join(map(str, tile))},{b}>"
+               for c in t for tile in GRU_TILES[c] for b in _BOOL]
+            + [f"gru_tile_backward<{c},{','.join(map(str, tile))}>"
+               for c in t for tile in GRU_TILES[c]]
             + [f"gru_sum_chunks<{c}>" for c in t]
             + [f"gru_barrier_probe<{n}>" for n in GRU_CLUSTERS] + ["gru_grid_barrier_probe"]),
     }

@@ -32,7 +32,7 @@ def test_kernel_source_compiles(filename, arch, request):
 def test_tile_kernels_launched_per_arch():
     """Spills count only where an instance is launched: the GRU's cluster and 512-thread tile
     kernels from sm_90 on, every other kernel everywhere."""
-    name = "gru_tile_backward<float,{},8,1,{}>"
+    name = "gru_tile_backward<float,{},8,1,{},1>"
     assert _rt.launched_on("gru.cu", name.format(1, 256), 80)
     assert not _rt.launched_on("gru.cu", name.format(1, 512), 80)
     assert not _rt.launched_on("gru.cu", name.format(2, 256), 80)

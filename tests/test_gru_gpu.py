@@ -202,8 +202,8 @@ _TILE_CASES = [(dt, tile) for dt in (np.float32, np.float64)
 
 
 @pytest.mark.parametrize("dtype,tile", _TILE_CASES, ids=[
-    f"{np.dtype(dt).name.replace('float', 'f')}-c{c}-q{q}-r{r}-t{nt}"
-    for dt, (c, q, r, nt) in _TILE_CASES])
+    f"{np.dtype(dt).name.replace('float', 'f')}_c{c}_q{q}_r{r}_t{nt}_u{u}"
+    for dt, (c, q, r, nt, u) in _TILE_CASES])
 @pytest.mark.parametrize("end", ["low", "top"])
 def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch, dtype, tile,
                                                    end):

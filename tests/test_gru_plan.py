@@ -127,14 +127,17 @@ def backward_step(D, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
 
 class _Tile:
     """The thread roles of gru_tile_forward/backward in block c of a cluster of the tile
-    kernels (cluster, Q packs, MR rows, NT threads): product thread tid < J*KS is unit
-    u = tid // KS, lane ks = tid % KS, with the weights of the packs ks + q*KS (q < Q), zero
-    past H; pointwise thread p < J*rows serves unit p % J of row p // J."""
+    kernels (cluster, Q packs, MR rows, NT threads, U units per thread), by slot = u*KS + ks
+    of unit u and lane ks: product thread tid = (u // U)*KS + ks holds, for its unit u % U,
+    the weights of the packs ks + q*KS (q < Q), zero past H; pointwise thread p < J*rows
+    serves unit p % J of row p // J."""
 
-    def __init__(self, c, H, J, KS, Q, NT, V):
-        assert J * KS <= NT
-        tid = np.arange(J * KS)
-        self.u, self.ks = tid // KS, tid % KS
+    def __init__(self, c, H, J, KS, Q, NT, U, V):
+        assert J % U == 0 and J // U * KS <= NT
+        slot = np.arange(J * KS)
+        self.u, self.ks = slot // KS, slot % KS
+        tid = self.u // U * KS + self.ks
+        assert len(set(zip(tid, self.u % U))) == J * KS and tid.max() < NT
         self.active = self.u < min(J, H - c * J)
         self.j = np.where(self.active, c * J + self.u, 0)
         q = np.arange(Q)
@@ -179,19 +182,19 @@ class _Tile:
 
 def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd):
     """Every cluster of a tile launch: (d, b0, rows, the blocks' _Tile, their weights)."""
-    C, Q, MR, NT = tile
+    C, Q, MR, NT, U = tile
     H3 = 3 * H
     for d in range(grid[1]):
         for grp in range(grid[0] // C):
-            tiles = [_Tile(c, H, J, KS, Q, NT, 2) for c in range(C)]
+            tiles = [_Tile(c, H, J, KS, Q, NT, U, 2) for c in range(C)]
             wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, fwd) for tl in tiles]
             yield d, grp * R, min(R, B - grp * R), tiles, wts
 
 
 def tile_forward(train, tile):
-    """gru_tile_forward<double, C, Q, MR, NT, TRAIN> for every cluster, its blocks in lock
+    """gru_tile_forward<double, C, Q, MR, NT, U, TRAIN> for every cluster, its blocks in lock
     step."""
-    C, Q, MR, NT = tile
+    C, Q, MR, NT, U = tile
 
     def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
             R):
@@ -239,8 +242,8 @@ def tile_forward(train, tile):
 
 
 def tile_backward(tile):
-    """gru_tile_backward<double, C, Q, MR, NT> for every cluster, its blocks in lock step."""
-    C, Q, MR, NT = tile
+    """gru_tile_backward<double, C, Q, MR, NT, U> for every cluster, its blocks in lock step."""
+    C, Q, MR, NT, U = tile
 
     def run(grid, block, smem, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS,
             R):
@@ -317,7 +320,7 @@ def host_device(monkeypatch):
                "gru_backward_step<double>": backward_step,
                "gru_sum_chunks<double>": sum_chunks}
     for tile in gru_module.TILES[8]:
-        plan = gru_module.TilePlan(*tile[:1], 1, 1, 1, 1, *tile[1:], 0, 0)
+        plan = gru_module.TilePlan(tile[0], 1, 1, 1, 1, *tile[1:], 0, 0)
         kernels[plan.backward_kernel("double")] = tile_backward(tile)
         for train in (True, False):
             kernels[plan.forward_kernel("double", train)] = tile_forward(train, tile)
@@ -423,21 +426,22 @@ def _all_tiles():
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
 def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
     """Every tile split fits its kernels: every block owns units, a unit's lanes (a power of
-    two up to TILE_LANES) cover H with the kernel's packs, the product's and the pointwise
+    two up to TILE_MAX_LANES) cover H with the kernel's packs, the product's and the pointwise
     step's threads fit the block, and the rank counts waves of clusters."""
-    cluster, packs, max_rows, threads = tile
+    cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
     for rows in range(1, max_rows + 1):
         plan = gru_module._tile_split(37, H, 1, tile, rows, itemsize)
         if plan is None:
             continue
-        assert (plan.cluster, plan.packs, plan.max_rows, plan.threads) == tile
+        assert plan.tile == tile
         assert plan.rows == rows and plan.groups * rows >= 37 > (plan.groups - 1) * rows
         assert (cluster - 1) * plan.units < H <= cluster * plan.units
         assert plan.lanes & (plan.lanes - 1) == 0
-        assert plan.lanes <= gru_module.TILE_LANES[threads]
+        assert plan.lanes <= gru_module.TILE_MAX_LANES
         assert cluster == 1 or plan.units % v == 0
-        assert plan.units * plan.lanes <= threads and plan.units * rows <= threads
+        assert plan.units % per_thread == 0
+        assert plan.units // per_thread * plan.lanes <= threads and plan.units * rows <= threads
         assert plan.lanes * packs * v >= H > plan.lanes // 2 * packs * v
         assert gru_module._tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
 

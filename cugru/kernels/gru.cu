@@ -487,22 +487,24 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 // groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
 // so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
 // j0 = c*J. A step has two phases.
-// 1. The product. Thread (u = tid / KS, ks = tid % KS), tid < J*KS, holds for unit j0 + u
-//    the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each gate, in registers,
-//    zero past H:
-//      forward   w[g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
-//      backward  w[g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
+// 1. The product. Thread (g = tid / KS, ks = tid % KS), g*U < J, holds for its U units
+//    u = g*U + v (v < U) the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each
+//    gate, in registers, zero past H (unit j = j0 + u):
+//      forward   w[v][g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
+//      backward  w[v][g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
 //    It multiplies them with the vector each block keeps whole in shared memory, double-
 //    buffered by step parity: h (MR rows of HS) forward, d_gate_h (MR rows of 3 segments of
 //    HS) backward. HS = KS*Q*V >= H, and the vector is zero past H and in the rows past R,
-//    so every lane runs exactly Q packs of MR rows, with no branch. Its two partial sums
-//    (even and odd q) are added and stored at part[row][gate][u][ks].
+//    so every lane runs exactly Q packs of MR rows, with no branch; each pack it loads serves
+//    its U units (U > 1: fewer shared-memory loads per multiply-add). Its sum for unit u
+//    (with U = 1: even and odd q apart, then added) goes to part[row][gate][u][ks].
 // 2. The pointwise step, after __syncthreads. Thread p < J*R serves unit u = p % J of row
 //    i = p / J: it adds the KS lane sums of its unit in lane order (the same bits every run),
-//    applies the step, writes the outputs to global memory and its new values into the other
-//    buffer: directly in one block, ending the step at __syncthreads; in a cluster through
-//    the exchange below (distributed shared memory and mbarriers, no cluster-wide barrier
-//    per step). What it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
+//    applies the step and writes its new values into the other buffer, then its outputs to
+//    global memory: directly in one block, where the warps without pointwise steps wait
+//    only for the new values (barriers 1 and 2 below); in a cluster through the exchange
+//    below (distributed shared memory and mbarriers, no cluster-wide barrier per step). What
+//    it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
@@ -584,14 +586,30 @@ __device__ __forceinline__ void gru_store_remote16(T* local, int rank, const T* 
 #endif
 }
 
+// One block (C = 1): a step's new values are in place once the warps with pointwise steps
+// (the first pw threads, whole warps) have written them into the vector. Those warps arrive
+// at barrier 1 right after writing (gru_values_written) and go on to their global stores and
+// loads; the other warps wait at barrier 1 and start the next product. The pointwise warps
+// then wait for each other at barrier 2 (in gru_exchange_done). (Barrier 0 is __syncthreads.)
+template <int C, int NT> __device__ __forceinline__ void gru_values_written(int pw) {
+    if (C == 1 && (int)threadIdx.x < pw) asm volatile("bar.arrive 1, %0;" ::"n"(NT) : "memory");
+}
+
 // The end of a step that wrote its values into `stage` (rows x segs x J, segment g of row i at
 // (i*segs + g)*J): push them into exchange buffer b of every block (row i, segment g at
-// dst + i*ld + g*gstride + j0) and arrive; with C = 1 the values are already in place and a
-// __syncthreads ends the step. J and j0 are multiples of the pack; packs past HP are not sent.
-template <typename T, int C>
+// dst + i*ld + g*gstride + j0) and arrive; with C = 1 the values are already in place and
+// the step ends at barrier 1 or 2 (above). J and j0 are multiples of the pack; packs past HP
+// are not sent.
+template <typename T, int C, int NT>
 __device__ __forceinline__ void gru_exchange_done(unsigned long long* bars, int b, T* dst,
                                                   int ld, int gstride, const T* stage,
-                                                  int rows, int segs, int J, int j0, int HP) {
+                                                  int rows, int segs, int J, int j0, int HP,
+                                                  int pw) {
+    if (C == 1) {
+        if ((int)threadIdx.x < pw) asm volatile("bar.sync 2, %0;" ::"r"(pw) : "memory");
+        else asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+        return;
+    }
     __syncthreads();
 #if __CUDA_ARCH__ >= 900
     if (C > 1 && threadIdx.x < 32) {
@@ -650,9 +668,8 @@ __device__ __forceinline__ void gru_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(GRU_TILE_AHEAD - 1) : "memory");
 }
 
-// the most lanes per unit a block of NT threads takes (more lanes need more registers in
-// the pointwise step)
-__host__ __device__ constexpr int gru_tile_lanes(int NT) { return NT >= 512 ? 4 : 8; }
+// the most lanes per unit (the host's splits keep to it)
+#define GRU_TILE_MAX_LANES 8
 
 // out[g] = p[g*ld] + p[g*ld + 1] + ... + p[g*ld + K-1], added in that order (shared memory)
 template <typename T, int K>
@@ -684,13 +701,15 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 // [part: MR][3][J*KS][stage: 2][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is
 // 1 forward (h) and 3 backward (d_gate_h), and ring the values a pointwise step reads ahead
 // (3 forward, 6 backward); forward, the biases of the block's units follow ([6][J]).
-template <typename T, int C, int Q, int MR> struct GruTile {
+template <typename T, int C, int Q, int MR, int U> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
-    int wu, ks;         // the product: unit wu (of this block) and lane ks
-    bool wactive;       //   wu is a unit of H
+    int wu, ks;         // the product: units wu .. wu + U-1 (of this block) and lane ks
+    int wn;             //   how many of them are units of H
+    bool product;       //   this thread has a part in the product
     int pu, pi, j, bm;  // the pointwise step: unit pu, row pi; j = j0 + pu, row bm of the batch
     bool mine;          //   this thread has a pointwise step
+    int pw;             // the threads of the warps with pointwise steps (whole warps)
     T *vec, *part, *stage, *ring;
     __device__ __forceinline__ GruTile(unsigned char* smem, int B, int H, int J, int KS, int R,
                                        int segs) {
@@ -703,10 +722,13 @@ template <typename T, int C, int Q, int MR> struct GruTile {
         const int tid = threadIdx.x;
         wu = tid / KS;
         ks = tid - wu * KS;
-        wactive = wu < min(J, H - j0);
+        product = wu * U < J;
+        wu *= U;
+        wn = max(0, min(U, min(J, H - j0) - wu));
         pi = tid / J;
         pu = tid - pi * J;
         mine = pi < rows && pu < H - j0;
+        pw = (J * rows + 31) / 32 * 32;
         j = mine ? j0 + pu : 0;
         bm = mine ? b0 + pi : 0;
         vec = reinterpret_cast<T*>(smem + 16);
@@ -719,79 +741,94 @@ template <typename T, int C, int Q, int MR> struct GruTile {
         return vec + (b * MR + i) * segs * HS;
     }
     // this thread's sums of the three gates: the lane sums of its unit, in lane order
-    // (KS a power of two up to gru_tile_lanes(NT))
-    template <int NT> __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
+    // (KS a power of two up to GRU_TILE_MAX_LANES)
+    __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
+        static_assert(GRU_TILE_MAX_LANES == 8, "unit_sums takes 1, 2, 4 or 8 lanes");
         const T* p = part + pi * 3 * JK + pu * KS;
         if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK);
         else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK);
-        else if (KS == 4 || gru_tile_lanes(NT) == 4) gru_sum_lanes<T, 4>(out, p, JK);
+        else if (KS == 4) gru_sum_lanes<T, 4>(out, p, JK);
         else gru_sum_lanes<T, 8>(out, p, JK);
     }
 };
 
-// the product thread's weights: forward rows (FWD) or backward columns of unit j, zero
-// outside H
-template <typename T, int Q, bool FWD>
-__device__ __forceinline__ void gru_tile_weights(T (&w)[3][Q][Pack16<T>::N], const T* wd,
-                                                 int H, int j, int ks, int KS, bool active) {
+// the product thread's weights: forward rows (FWD) or backward columns of units j .. j + U-1
+// (the first n of them units of H), zero outside H
+template <typename T, int Q, int U, bool FWD>
+__device__ __forceinline__ void gru_tile_weights(T (&w)[U][3][Q][Pack16<T>::N], const T* wd,
+                                                 int H, int j, int n, int ks, int KS) {
     constexpr int V = Pack16<T>::N;
 #pragma unroll
-    for (int g = 0; g < 3; ++g)
+    for (int v = 0; v < U; ++v)
 #pragma unroll
-        for (int q = 0; q < Q; ++q)
+        for (int g = 0; g < 3; ++g)
 #pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const int k = (ks + q * KS) * V + e;
-                const long long at = FWD ? ((long long)g * H + j) * H + k
-                                         : ((long long)g * H + k) * H + j;
-                w[g][q][e] = (active && k < H) ? wd[at] : T(0);
-            }
+            for (int q = 0; q < Q; ++q)
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const int k = (ks + q * KS) * V + e;
+                    const long long at = FWD ? ((long long)g * H + j + v) * H + k
+                                             : ((long long)g * H + k) * H + j + v;
+                    w[v][g][q][e] = (v < n && k < H) ? wd[at] : T(0);
+                }
 }
 
-// Phase 1 for every row i < MR: this lane's part of sum over k of w[g][k] * v[i][g][k]
-// (rows ld apart, gate segments gstride apart; ONE: one segment for the three gates) into
-// part[i][g][slot], slot = u*KS + ks (rows JK*3 apart)
-template <bool ONE, int Q, int MR, typename T>
-__device__ __forceinline__ void gru_tile_product(T* part, const T (&w)[3][Q][Pack16<T>::N],
+// Phase 1 for every row i < MR: this lane's part of sum over k of w[u][g][k] * v[i][g][k]
+// for its U units u (rows ld apart, gate segments gstride apart; ONE: one segment for the
+// three gates) into part[i][g][slot + u*KS], slot = (first unit)*KS + ks (rows JK*3 apart).
+// One unit per thread sums even and odd packs apart (two chains), then adds the two.
+template <bool ONE, int Q, int MR, int U, typename T>
+__device__ __forceinline__ void gru_tile_product(T* part,
+                                                 const T (&w)[U][3][Q][Pack16<T>::N],
                                                  const T* v, int ld, int gstride, int ks,
                                                  int KS, int slot, int JK) {
     constexpr int V = Pack16<T>::N;
-    T a[MR][3], b[MR][3];
+    T a[MR][U][3], b[MR][U][3];
 #pragma unroll
     for (int i = 0; i < MR; ++i)
 #pragma unroll
-        for (int g = 0; g < 3; ++g) a[i][g] = b[i][g] = T(0);
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int g = 0; g < 3; ++g) a[i][u][g] = b[i][u][g] = T(0);
 #pragma unroll
     for (int i = 0; i < MR; ++i)
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
-            T x[V];
+            T x[3][V];
 #pragma unroll
-            for (int g = 0; g < 3; ++g) {
-                if (g == 0 || !ONE) gru_smem_pack(v + i * ld + g * gstride + (ks + q * KS) * V, x);
-                gru_dot16((q & 1) ? b[i][g] : a[i][g], w[g][q], x);
-            }
+            for (int g = 0; g < (ONE ? 1 : 3); ++g)
+                gru_smem_pack(v + i * ld + g * gstride + (ks + q * KS) * V, x[g]);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int g = 0; g < 3; ++g)
+                    gru_dot16((U == 1 && (q & 1)) ? b[i][u][g] : a[i][u][g], w[u][g][q],
+                              x[ONE ? 0 : g]);
             if (!ONE) asm volatile("" ::: "memory");   // (three packs at a time in registers)
         }
 #pragma unroll
     for (int i = 0; i < MR; ++i)
 #pragma unroll
-        for (int g = 0; g < 3; ++g) part[(i * 3 + g) * JK + slot] = a[i][g] + b[i][g];
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int g = 0; g < 3; ++g)
+                part[(i * 3 + g) * JK + slot + u * KS] = U == 1 ? a[i][u][g] + b[i][u][g]
+                                                                : a[i][u][g];
 }
 
-template <typename T, int C, int Q, int MR, int NT, bool TRAIN>
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN>
 __global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                  const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
                  T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
                  int B, int H, int S, int J, int KS, int R) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const GruTile<T, C, Q, MR> tl(gru_smem, B, H, J, KS, R, 1);
+    const GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 1);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
-    T w[3][Q][Pack16<T>::N];
-    gru_tile_weights<T, Q, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.ks, KS, tl.wactive);
+    T w[U][3][Q][Pack16<T>::N];
+    gru_tile_weights<T, Q, U, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
     for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
         const int i = idx / HS, k = idx - i * HS;
         tl.vec[idx] = (i < tl.rows && k < H)
@@ -808,16 +845,16 @@ gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
         tl.ring[GRU_TILE_AHEAD * R * 3 * J + idx] =
             tl.j0 + u < H ? (g < 3 ? b_ih : b_hh - 3 * H)[d * H3 + g * H + tl.j0 + u] : T(0);
     }
-    // the pointwise thread's rows: of gi and y by time t, (t*B + bm)*D + d; of gates by step
-    // s, (d*steps + s)*B + bm (of hs, d*B + B more: slot s + 1)
-    const int bm = tl.bm;
-    const long long time_row = (long long)bm * D + d, step_row = (long long)d * steps * B + bm;
+    // The pointwise thread's addresses: a step's rows start at an address the same for the
+    // whole block (time t: y + t*B*D*H, gi + t*B*D*3H; step s: gates + (d*steps + s)*B*4H,
+    // hs + (d*S + s)*B*H), and its row and unit are a 32-bit offset within them (the host
+    // keeps B*D*4H < 2^31).
+    const int bm = tl.bm, o_t = (bm * D + d) * H + j, o_s = bm * H + j;
     T* ring_m = tl.ring + tl.pi * 3 * J + tl.pu;                      // + slot * R*3*J
     // the input projection of step s into the ring, GRU_TILE_AHEAD steps ahead
     auto fetch = [&](int s) {
         if (tl.mine && s < steps) {
-            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
-            const T* src = gi + f * H3 + j;
+            const T* src = gi + (long long)gru_time(d, steps, s) * (B * D * H3) + 3 * o_t - 2 * j;
             T* dst = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
 #pragma unroll
             for (int g = 0; g < 3; ++g) gru_copy_async(dst + g * J, src + g * H);
@@ -830,43 +867,45 @@ gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
     gru_cluster_barrier<C>();   // every block of the cluster has started and filled its vector
     for (int s = 0; s < steps; ++s) {
         if (s > 0) gru_exchange_wait<C>(bars, s & 1, s);
-        if (threadIdx.x < tl.JK)
-            gru_tile_product<true, Q, MR>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks, KS,
-                                          threadIdx.x, tl.JK);
+        if (tl.product)
+            gru_tile_product<true, Q, MR, U>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks, KS,
+                                             tl.wu * KS + tl.ks, tl.JK);
         gru_copy_wait();
         __syncthreads();
+        T h_new, r, z, n, hn;
         if (tl.mine) {
             const T* x = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
             T gh[3];
-            tl.template unit_sums<NT>(gh, KS);
-            const T hn = gh[2] + bias[5 * J];
-            T r, z, n;
-            const T h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
-                                     gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
-                                     tl.row(s & 1, tl.pi, 1)[j], r, z, n);
-            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
-            const long long e = step_row + (long long)s * B;
-            if (TRAIN) hs[(e + (d + 1) * B) * H + j] = h_new;   // (S = steps + 1)
-            y[f * H + j] = h_new;
-            if (s == steps - 1) h_n[d * BH + (long long)bm * H + j] = h_new;
+            tl.unit_sums(gh, KS);
+            hn = gh[2] + bias[5 * J];
+            h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
+                             gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
+                             tl.row(s & 1, tl.pi, 1)[j], r, z, n);
+            if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
+            else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
+        }
+        gru_values_written<C, NT>(tl.pw);
+        if (tl.mine) {   // the outputs
+            (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
+            if (s == steps - 1) h_n[d * BH + o_s] = h_new;
             if (TRAIN) {
-                T* g = gates + e * 4 * H + j;
+                (hs + ((long long)d * S + s + 1) * BH)[o_s] = h_new;
+                T* g = gates + ((long long)d * steps + s) * (4 * BH) + 4 * o_s - 3 * j;
                 g[0] = r;
                 g[H] = z;
                 g[2 * H] = n;
                 g[3 * H] = hn;
             }
-            if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
-            else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
         }
         fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
-        gru_exchange_done<T, C>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
-                                tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0, HP);
+        gru_exchange_done<T, C, NT>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
+                                    tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0, HP,
+                                    tl.pw);
     }
     if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
 }
 
-template <typename T, int C, int Q, int MR, int NT>
+template <typename T, int C, int Q, int MR, int NT, int U>
 __global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                   const T* __restrict__ hs, const T* __restrict__ w_hh,
@@ -874,13 +913,12 @@ gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                   T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J,
                   int KS, int R) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const GruTile<T, C, Q, MR> tl(gru_smem, B, H, J, KS, R, 3);
+    const GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 3);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
-    T w[3][Q][Pack16<T>::N];
-    gru_tile_weights<T, Q, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.ks, KS,
-                                  tl.wactive);
+    T w[U][3][Q][Pack16<T>::N];
+    gru_tile_weights<T, Q, U, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
     for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
     for (int idx = threadIdx.x; idx < 6 * R * J; idx += NT) tl.stage[idx] = T(0);
     // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step or
@@ -913,14 +951,14 @@ gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
     // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1)
     auto carried = [&](int s) {
         gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
-        if (threadIdx.x < tl.JK)
-            gru_tile_product<false, Q, MR>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS, HS,
-                                           tl.ks, KS, threadIdx.x, tl.JK);
+        if (tl.product)
+            gru_tile_product<false, Q, MR, U>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS, HS,
+                                              tl.ks, KS, tl.wu * KS + tl.ks, tl.JK);
         gru_copy_wait();
         __syncthreads();
         if (!tl.mine) return T(0);
         T gs[3];
-        tl.template unit_sums<NT>(gs, KS);
+        tl.unit_sums(gs, KS);
         return dhz + ((gs[0] + gs[1]) + gs[2]);
     };
     for (int s = steps - 1; s >= 0; --s) {
@@ -932,6 +970,13 @@ gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
             T dr, dz, dn;
             dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
                                     dr, dz, dn);
+            T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
+                           : tl.row(s & 1, tl.pi, 3) + j;
+            const int seg = C > 1 ? J : HS;
+            out[0] = dr;
+            out[seg] = dz;
+            out[2 * seg] = dn * r;
+            // the outputs (before the arrival: registers are short with NT = 512)
             const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
             T* gi_row = dgi + f * H3 + j;
             gi_row[0] = dr;
@@ -941,16 +986,12 @@ gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
             gh_row[0] = dr;
             gh_row[H] = dz;
             gh_row[2 * H] = dn * r;
-            T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
-                           : tl.row(s & 1, tl.pi, 3) + j;
-            const int seg = C > 1 ? J : HS;
-            out[0] = dr;
-            out[seg] = dz;
-            out[2 * seg] = dn * r;
         }
+        gru_values_written<C, NT>(tl.pw);
         fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
-        gru_exchange_done<T, C>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
-                                tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J, tl.j0, HP);
+        gru_exchange_done<T, C, NT>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
+                                    tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J, tl.j0, HP,
+                                    tl.pw);
     }
     const T dh = carried(-1);   // d_gate_h of step 0, in buffer 0
     if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;

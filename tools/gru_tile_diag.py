@@ -1,0 +1,91 @@
+"""Where a fast-path step's time goes: the forward tile kernel of a shape's plan (inference),
+timed as built and with parts of its step taken out one after another (the outputs and the
+loads ahead; IEEE-exact maths, replaced by fast intrinsics; the cell's maths; the product).
+
+    python tools/gru_tile_diag.py S1 S7
+
+A diagnostic, not part of the package: it patches kernels/gru.cu's text in memory (and
+stops with an AssertionError when the text it patches has changed) and compiles each
+variant with CuPy. The variants compute wrong results; only their times mean anything.
+"""
+import re
+import sys
+
+import numpy as np
+
+
+def variants(src):
+    out = {"as built": src}
+    no_io = src.replace("""        if (tl.mine) {   // the outputs
+            (y + (long long)gru_time""", """        if (false) {   // the outputs
+            (y + (long long)gru_time""", 1).replace(
+        "        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same thread)",
+        "        gru_copy_commit();", 1)
+    assert no_io != src
+    out["no outputs, no loads"] = no_io
+    fast = no_io.replace("return T(1) / (T(1) + ck_exp(-v));",
+                         "return __fdividef(T(1), T(1) + __expf(-v));")
+    fast = fast.replace("    n = ck_tanh(x_n + r * hn);",
+                        "    { float t; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(t)"
+                        " : \"f\"(float(x_n + r * hn))); n = t; }")
+    assert fast.count("__expf") == 1 and "tanh.approx" in fast
+    out["... and fast math"] = fast
+    nopw = fast.replace("""            h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
+                             gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
+                             tl.row(s & 1, tl.pi, 1)[j], r, z, n);""",
+                        """            h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
+            r = z = n = h_new;""")
+    assert nopw != fast
+    out["... and no cell maths"] = nopw
+    noprod = nopw.replace("""        if (tl.product)
+            gru_tile_product<true, Q, MR, U>""", """        if (false)
+            gru_tile_product<true, Q, MR, U>""")
+    assert noprod != nopw
+    out["... and no product"] = noprod
+    return out
+
+
+def main(argv):
+    import cupy as cp
+
+    from bench.gru import SHAPES, make_problem
+    from cugru import gru
+    from cukernels import _rt
+    src0 = _rt.load_source("gru.cu")
+    for sid in argv:
+        T, B, I, H, bi = SHAPES[sid]
+        D = 2 if bi else 1
+        plan = gru.fast_plan(B, H, D, np.float32)
+        name = plan.forward_kernel("float", False)
+        p = make_problem(T, B, I, H, bi)
+        a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
+        gi = cp.asarray(np.random.default_rng(0).standard_normal((T, B, D, 3 * H)), np.float32)
+        hs = cp.zeros((D, 2, B, H), np.float32)
+        y = cp.empty((T, B, D * H), np.float32)
+        h_n = cp.empty((D, B, H), np.float32)
+        i32 = np.int32
+        args = (gi, a["w_hh"], a["b_ih"], a["b_hh"], hs, y, y, h_n, i32(T), i32(B), i32(H),
+                i32(2), i32(plan.units), i32(plan.lanes), i32(plan.rows))
+        print(sid, plan, file=sys.stderr)
+        for label, src in variants(src0).items():
+            mod = cp.RawModule(code=src, options=_rt.COMPILE_OPTIONS, name_expressions=[name])
+            fn = mod.get_function(name)
+            fn.max_dynamic_shared_size_bytes = plan.smem_fwd
+            launch = lambda: fn((plan.blocks, D), (plan.threads,), args, shared_mem=plan.smem_fwd)  # noqa
+            for _ in range(3):
+                launch()
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            times = []
+            for _ in range(15):
+                e0.record()
+                launch()
+                e1.record()
+                e1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(e0, e1))
+            ms = float(np.median(times))
+            print(f"{sid} {label:28s} {ms:.4f} ms  {ms * 1e3 / T:.3f} us/step  "
+                  f"regs {fn.num_regs}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
