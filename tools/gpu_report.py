@@ -34,7 +34,7 @@ SANITIZER_TOOLS = {
     "memcheck": ("", []),
     # racecheck is slow on cuBLAS' kernels: the GRU runs one shape per dtype under it
     "racecheck": ("softmax or dense or article or repeatable or (gru and uni and h0) "
-                  "or repeated_calls or (each_tile_kernel and f32 and top)",
+                  "or repeated_calls or (each_tile_kernel and f32 and top and (r8 or t512))",
                   ["--racecheck-report", "all"]),
     "initcheck": ("", []),
     # the persistent GRU kernels' barriers and cluster exchanges
