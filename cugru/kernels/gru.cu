@@ -487,8 +487,8 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 // groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
 // so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
 // j0 = c*J. A step has two phases.
-// 1. The product. Thread (g = tid / KS, ks = tid % KS), g*U < J, holds for its U units
-//    u = g*U + v (v < U) the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each
+// 1. The product. Thread tid = n*KS + ks (lane ks), n*U < J, holds for its U units
+//    u = n*U + v (v < U) the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each
 //    gate, in registers, zero past H (unit j = j0 + u):
 //      forward   w[v][g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
 //      backward  w[v][g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
