@@ -19,6 +19,7 @@ DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -100,9 +101,11 @@ def fast_info(p, repeat=None):
         return None
     if isinstance(plan, gru.TilePlan):
         names = (plan.forward_kernel("float", True), plan.backward_kernel("float"))
-        # every block receives its rows' whole vector through distributed shared memory
+        # every block receives its rows' whole vector (distributed shared memory, or L2 at
+        # grid scope)
         moved = D * plan.blocks * plan.rows * H * 4
-        info = {"cluster": plan.cluster, "rows": f"{plan.rows} per group", "lanes": plan.lanes,
+        info = {"cluster": plan.cluster or f"{plan.group_blocks} per group, {plan.slots} at once",
+                "rows": f"{plan.rows} per group", "lanes": plan.lanes,
                 "threads": plan.threads, "packs": f"{plan.packs} x {plan.per_thread} units"}
     else:
         names = (f"gru_persist_forward<float,{plan.rows_per_thread},true>",
@@ -151,8 +154,9 @@ def barrier_us(plan, D, repeat, n=2000):
 
     from cugru import gru
     from cukernels import _rt
-    tile = isinstance(plan, gru.TilePlan)
-    grid, block = (plan.blocks, D), (plan.threads if tile else gru.FAST_THREADS,)
+    tile = isinstance(plan, gru.TilePlan) and plan.cluster > 0
+    grid = (plan.group_blocks if isinstance(plan, gru.TilePlan) and not tile else plan.blocks, D)
+    block = (plan.threads if isinstance(plan, gru.TilePlan) else gru.FAST_THREADS,)
     if tile:
         fn = _rt.kernel("gru.cu", f"gru_barrier_probe<{plan.cluster}>")
 
@@ -603,6 +607,11 @@ def tile_sweep(shape_ids, repeat):
         for tile in gru.TILES[4]:
             splits = [p for p in (gru._tile_split(B, H, D, tile, r, 4)
                                   for r in range(1, tile[2] + 1)) if p is not None]
+            # (grid scope: as many groups at once as the GPU holds)
+            splits = [p if p.cluster else dataclasses.replace(
+                p, slots=min(p.groups, gru._clusters_at_once(p, "float32", dev) // D))
+                for p in splits]
+            splits = [p for p in splits if p.cluster or p.slots > 0]
             if not splits:
                 continue
             best = min(splits, key=lambda p: gru._tile_rank(

@@ -25,6 +25,7 @@ Per step the host does one kernel launch with pre-packed arguments and one cuBLA
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -131,13 +132,17 @@ def _cost(plan, B, H, D, itemsize=4):
 
 @dataclass(frozen=True)
 class TilePlan:
-    """How the block- and cluster-scope kernels split the work: clusters of `cluster` blocks
-    (1: a single block, scope "block"; else scope "cluster": distributed shared memory and
-    mbarriers) of `threads` threads, each cluster one direction and one group of `rows` batch
-    rows (`groups` groups per direction), each block `units` hidden units with `lanes`
-    threads per `per_thread` units in the product, each thread `packs` 16-byte packs of each
-    gate's weights of each of its units; the kernels are built for at most `max_rows` rows
-    (and compute that many). Then the dynamic shared memory per block of each kernel."""
+    """How the tile kernels (W_hh in registers) split the work: groups of `cluster` blocks
+    (1: a single block, scope "block"; more: a thread-block cluster, scope "cluster",
+    distributed shared memory and mbarriers; 0: scope "grid", `group_blocks` blocks that
+    exchange through global memory and meet at a counter) of `threads` threads, each group
+    one direction and `rows` batch rows (`groups` groups per direction), each block `units`
+    hidden units with `lanes` threads per `per_thread` units in the product, each thread
+    `packs` 16-byte packs of each gate's weights of each of its units; the kernels are built
+    for at most `max_rows` rows (and compute that many). Then the dynamic shared memory per
+    block of each kernel. At grid scope `slots` groups per direction run at once (set by
+    fast_plan from the GPU's occupancy; all resident, a cooperative launch), each slot's
+    blocks taking its groups in turn."""
     cluster: int
     groups: int
     rows: int
@@ -149,65 +154,94 @@ class TilePlan:
     per_thread: int
     smem_fwd: int
     smem_bwd: int
+    group_blocks: int = 0
+    slots: int = 0
 
     @property
     def scope(self):
-        return "block" if self.cluster == 1 else "cluster"
+        return {0: "grid", 1: "block"}.get(self.cluster, "cluster")
+
+    @property
+    def per_group(self):
+        """blocks per group"""
+        return self.cluster or self.group_blocks
 
     @property
     def blocks(self):
-        """blocks per direction"""
-        return self.groups * self.cluster
+        """blocks per direction launched"""
+        return (self.groups if self.cluster else self.slots) * self.per_group
 
     @property
     def tile(self):
         """the tile kernels' TILES entry"""
         return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
 
-    def _args(self, ctype):
-        return ctype + "," + ",".join(map(str, self.tile))
-
     def forward_kernel(self, ctype, train):
         """the registered name of the forward kernel for element type `ctype`"""
-        return f"gru_tile_forward<{self._args(ctype)},{'true' if train else 'false'}>"
+        return _rt.gru_tile_kernel(ctype, self.tile, bool(train))
 
     def backward_kernel(self, ctype):
-        return f"gru_tile_backward<{self._args(ctype)}>"
+        return _rt.gru_tile_kernel(ctype, self.tile)
+
+    def launch_args(self, cp, D):
+        """the kernels' last arguments: the grid scope's counters (D x slots zeros; else a
+        null pointer), blocks per group and groups per direction"""
+        counters = (np.int64(0) if self.cluster else cp.zeros(D * self.slots, np.uint32))
+        return (counters, np.int32(self.per_group), np.int32(self.groups))
 
 
 #: the tile kernels built (cukernels._rt.GRU_TILES): per element size, (cluster, packs per
-#: thread, gate and unit, most rows, threads, units per thread); the most lanes per unit
-#: (GRU_TILE_MAX_LANES in kernels/gru.cu); the inputs of TILE_AHEAD steps are in flight
+#: thread, gate and unit, most rows, threads, units per thread), cluster 0 for grid scope;
+#: the most lanes per unit (GRU_TILE_MAX_LANES and GRU_GRID_MAX_LANES in kernels/gru.cu); the
+#: inputs of TILE_AHEAD steps are in flight
 TILES = {4: _rt.GRU_TILES["float"], 8: _rt.GRU_TILES["double"]}
 TILE_MAX_LANES = 8
+GRID_MAX_LANES = 64
 TILE_AHEAD = 8
+#: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
+#: the whole recurrence), the per-step path beyond (see docs/performance.md)
+GRID_AUTO_MAX_WAVES = 2
 
 
 def _tile_split(B, H, D, tile, rows, itemsize):
     """The TilePlan of the tile kernels `tile` (a TILES entry) for `rows` rows per group, or
-    None where they cannot hold it."""
+    None where they cannot hold it. At grid scope `slots` is left 0 (fast_plan sets it)."""
     cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
-    units = -(-H // cluster)
-    if cluster > 1:
-        units = -(-units // v) * v          # the exchange moves 16-byte packs of units
-    if (cluster - 1) * units >= H or rows > max_rows or units * rows > threads:
-        return None       # a block without units, or more pointwise steps than threads
-    if units % per_thread or B * D * 4 * H >= 2 ** 31:
+    if B * D * 4 * H >= 2 ** 31 or rows > max_rows:
         return None       # (the kernels address a step's rows with 32-bit offsets)
     lanes = 1             # the fewest lanes whose packs cover H
     while lanes * packs * v < H:
         lanes *= 2
-    if lanes > TILE_MAX_LANES or units // per_thread * lanes > threads:
+    if cluster == 0:
+        # as few blocks per group as hold H, each the most units its threads take
+        if H % v or lanes > GRID_MAX_LANES or threads // lanes == 0:
+            return None   # (the vector moves in 16-byte packs)
+        blocks = -(-H // (threads // lanes * per_thread))
+        units = -(-(-(-H // blocks)) // per_thread) * per_thread
+        if (blocks - 1) * units >= H or units * rows > threads:
+            return None
+    else:
+        units = -(-H // cluster)
+        if cluster > 1:
+            units = -(-units // v) * v      # the exchange moves 16-byte packs of units
+        if (cluster - 1) * units >= H or units * rows > threads:
+            return None   # a block without units, or more pointwise steps than threads
+        if lanes > TILE_MAX_LANES:
+            return None
+        blocks = cluster
+    if units % per_thread or units // per_thread * lanes > threads:
         return None
     hs = lanes * packs * v                  # a vector row in shared memory, zero past H
     part = max_rows * 3 * units * lanes     # the lanes' sums
+    nv, ns = (2, 2) if cluster else (1, 0)  # vector and stage buffers (grid: one, none)
     return TilePlan(cluster, -(-B // rows), rows, units, lanes, packs, max_rows, threads,
                     per_thread,
-                    16 + (2 * max_rows * hs + part + 2 * rows * units
+                    16 + (nv * max_rows * hs + part + ns * rows * units
                           + TILE_AHEAD * rows * 3 * units + 6 * units) * itemsize,
-                    16 + (6 * max_rows * hs + part + 6 * rows * units
-                          + TILE_AHEAD * rows * 6 * units) * itemsize)
+                    16 + (3 * nv * max_rows * hs + part + 3 * ns * rows * units
+                          + TILE_AHEAD * rows * 6 * units) * itemsize,
+                    0 if cluster else blocks)
 
 
 def _tile_rank(plan, D, clusters_at_once):
@@ -241,13 +275,17 @@ def _fast_plan(B, H, D, dtype, device_id):
     attrs = dev.attributes
     smem_limit, sms = attrs["MaxSharedMemoryPerBlockOptin"], attrs["MultiProcessorCount"]
     cc = int(dev.compute_capability)
-    tiles = [p for p in (_tile_split(B, H, D, tile, r, itemsize)
-                         for tile in TILES[itemsize] if _rt.gru_tile_runs_on(tile, cc)
-                         for r in range(1, tile[2] + 1))
-             if p is not None]
-    if tiles:
-        return min(tiles, key=lambda p: _tile_rank(p, D, _clusters_at_once(p, dtype,
-                                                                           device_id)))
+    splits = [p for p in (_tile_split(B, H, D, tile, r, itemsize)
+                          for tile in TILES[itemsize] if _rt.gru_tile_runs_on(tile, cc)
+                          for r in range(1, tile[2] + 1))
+              if p is not None and max(p.smem_fwd, p.smem_bwd) <= smem_limit]
+    # block and cluster scope first; grid scope where neither holds the shape
+    for scoped in ([p for p in splits if p.cluster], [p for p in splits if not p.cluster]):
+        ranked = [(p, _clusters_at_once(p, dtype, device_id)) for p in scoped]
+        ranked = [(p if p.cluster else dataclasses.replace(p, slots=min(p.groups, n // D)), n)
+                  for p, n in ranked if p.cluster or n // D >= 1]
+        if ranked:
+            return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1]))[0]
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
@@ -258,18 +296,20 @@ def _fast_plan(B, H, D, dtype, device_id):
 
 @functools.lru_cache(maxsize=256)
 def _clusters_at_once(plan, dtype, device_id):
-    """How many clusters of the plan's tile kernels the GPU runs at once (blocks, for one
-    block per cluster): the driver's occupancy query, or SMs // cluster where it has none."""
+    """How many groups of the plan's tile kernels the GPU runs at once (over all
+    directions): for clusters the driver's occupancy query, or SMs // cluster where it has
+    none; else the blocks resident at once // blocks per group."""
     cp = _rt.cupy_module()
     c = _rt.ctype(dtype)
     sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
     least = None
     for name, smem in ((plan.forward_kernel(c, True), plan.smem_fwd),
+                       (plan.forward_kernel(c, False), plan.smem_fwd),
                        (plan.backward_kernel(c), plan.smem_bwd)):
         fn = _persist_kernel(name, smem)
-        if plan.cluster == 1:
+        if plan.cluster <= 1:
             n = sms * cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                fn.kernel.ptr, plan.threads, smem)
+                fn.kernel.ptr, plan.threads, smem) // plan.per_group
         else:
             n = _rt.max_active_clusters(fn.kernel.ptr, plan.cluster, plan.threads, smem)
             if n is None:
@@ -310,9 +350,15 @@ _SMEM_SET = {}
 def _choose(path, B, H, D, dtype):
     """The FastPlan to run, or None for the per-step path."""
     oracle.check_path(path)
-    if path == "steps" or (path == "auto" and B * 3 * H * H > FAST_AUTO_MAX_WORK):
+    if path == "steps":
         return None
     plan = fast_plan(B, H, D, dtype)
+    if path == "auto":
+        if isinstance(plan, FastPlan) and B * 3 * H * H > FAST_AUTO_MAX_WORK:
+            return None
+        if isinstance(plan, TilePlan) and not plan.cluster and \
+                -(-plan.groups // plan.slots) > GRID_AUTO_MAX_WAVES:
+            return None
     if plan is None and path == "fast":
         raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in {np.dtype(dtype)} "
                          "do not fit the fast path on this GPU (docs/api.md lists its limits); "
@@ -466,8 +512,8 @@ def _forward_gpu(x, h0, w_ih, w_hh, b_ih, b_hh, dims, training, plan):
             loop.launch(fn, (plan.blocks, D), (plan.threads,),
                         (gi, w_hh, b_ih, b_hh, hs, y, y if gates is None else gates, h_n,
                          i32(T), i32(B), i32(H), i32(S), i32(plan.units), i32(plan.lanes),
-                         i32(plan.rows)),
-                        shared_mem=plan.smem_fwd)
+                         i32(plan.rows)) + plan.launch_args(cp, D),
+                        shared_mem=plan.smem_fwd, cooperative=not plan.cluster)
         elif plan is not None:
             fn = _persist_kernel(f"gru_persist_forward<{c},{plan.rows_per_thread},{train}>",
                                  plan.smem_fwd)
@@ -520,8 +566,8 @@ def _backward_recurrence(dy, dh_n, saved, dims, plan):
                         (dy, saved.gates, hs, w_hh,
                          np.int64(0) if dh_n is None else dh_n, dgi, dgh, dh,   # 0: null
                          i32(T), i32(B), i32(H), i32(plan.units), i32(plan.lanes),
-                         i32(plan.rows)),
-                        shared_mem=plan.smem_bwd)
+                         i32(plan.rows)) + plan.launch_args(cp, D),
+                        shared_mem=plan.smem_bwd, cooperative=not plan.cluster)
         elif plan is not None:
             dh = cp.empty((D, B, H), dt)
             fn = _persist_kernel(f"gru_persist_backward<{c},{plan.rows_per_thread}>",

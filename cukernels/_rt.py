@@ -60,35 +60,52 @@ GRU_MAXP = {"float": (1, 2, 4, 8), "double": (1, 2, 4)}
 #: cluster sizes (blocks per cluster; 1: one block) of the GRU's block- and cluster-scope
 #: kernels; 8 is the largest every cluster-capable GPU runs
 GRU_CLUSTERS = (1, 2, 4, 8)
-#: the block- and cluster-scope GRU kernels built, per element type: (cluster size, 16-byte
+#: the GRU's tile kernels built (weights in registers), per element type: (cluster size, 16-byte
 #: packs of each gate's weights per thread, most batch rows per group, threads per block,
-#: units per thread). A thread holds 3 x packs x units packs of weights: 96 registers in
-#: float, so 512 threads hold H = 128 in one block; double with 8 rows, or 4 units per thread
-#: with 8 rows, run out of registers.
+#: units per thread). Cluster size 1 is one block, 0 grid scope (a group of blocks that meet
+#: at a counter in global memory, as many as H needs). A thread holds 3 x packs x units packs
+#: of weights: 96 registers in float, so 512 threads hold H = 128 in one block; double with 8
+#: rows, or 4 units per thread with 8 rows, run out of registers, and so would 512 threads
+#: with 8 rows.
 GRU_TILES = {
     "float": tuple((c, q, r, 256, u) for c in GRU_CLUSTERS
                    for (q, u), rows in (((4, 1), (1, 8)), ((8, 1), (1, 8)), ((4, 2), (1, 8)),
                                       ((2, 4), (1,)))
                    for r in rows)
-             + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)),
-    "double": tuple((c, 8, r, 256, 1) for c in GRU_CLUSTERS for r in (1, 4)),
+             + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (0, 4, 8, 256, 2)),
+    "double": tuple((c, 8, r, 256, 1) for c in GRU_CLUSTERS for r in (1, 4))
+              + ((0, 8, 4, 256, 1),),
 }
 
 
 def gru_tile_runs_on(tile, cc: int) -> bool:
     """Whether cugru launches the tile kernels `tile` (a GRU_TILES entry) on a GPU of compute
     capability `cc` (90 for sm_90): clusters, and 512 threads (whose registers the sm_90
-    compiler fits without spilling), from sm_90 on."""
+    compiler fits without spilling), and grid scope (sm_80's compiler spills its backward), from
+    sm_90 on; one block of 256 threads everywhere."""
     cluster, packs, rows, threads, units = tile
     return cc >= 90 or (cluster == 1 and threads <= 256)
+
+
+def gru_tile_kernel(ctype: str, tile, train=None) -> str:
+    """The name of the GRU's tile kernel for `tile` (a GRU_TILES entry): the forward with
+    `train` True or False, else the backward. Grid scope (cluster 0) has kernels of its own."""
+    cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    kind = "forward" if train is not None else "backward"
+    flag = "" if train is None else ("," + ("true" if train else "false"))
+    if cluster == 0:
+        return f"gru_grid_{kind}<{ctype},{rest}{flag}>"
+    return f"gru_tile_{kind}<{ctype},{cluster},{rest}{flag}>"
 
 
 def launched_on(filename: str, name: str, cc: int) -> bool:
     """Whether the registered instance `name` of `filename` is ever launched on compute
     capability `cc` (every instance is compiled for every GPU)."""
-    m = re.fullmatch(r"gru_tile_(?:forward|backward)<\w+,(\d+),(\d+),(\d+),(\d+),(\d+).*>",
-                     name)
-    return not (filename == "gru.cu" and m) or gru_tile_runs_on(tuple(map(int, m.groups())), cc)
+    m = re.fullmatch(r"gru_(tile|grid)_(?:forward|backward)<\w+,((?:\d+,){3,4}\d+).*>", name)
+    if filename != "gru.cu" or not m:
+        return True
+    tile = tuple(map(int, m.group(2).split(",")))
+    return gru_tile_runs_on(tile if m.group(1) == "tile" else (0,) + tile, cc)
 
 
 def _registry() -> dict[str, tuple[str, ...]]:
@@ -112,10 +129,9 @@ def _registry() -> dict[str, tuple[str, ...]]:
             + [f"gru_backward_step<{c}>" for c in t]
             + [f"gru_persist_forward<{c},{p},{b}>" for c in t for p in GRU_MAXP[c] for b in _BOOL]
             + [f"gru_persist_backward<{c},{p}>" for c in t for p in GRU_MAXP[c]]
-            + [f"gru_tile_forward<{c},{','.join(map(str, tile))},{b}>"
-               for c in t for tile in GRU_TILES[c] for b in _BOOL]
-            + [f"gru_tile_backward<{c},{','.join(map(str, tile))}>"
-               for c in t for tile in GRU_TILES[c]]
+            + [gru_tile_kernel(c, tile, b) for c in t for tile in GRU_TILES[c]
+               for b in (False, True)]
+            + [gru_tile_kernel(c, tile) for c in t for tile in GRU_TILES[c]]
             + [f"gru_sum_chunks<{c}>" for c in t]
             + [f"gru_barrier_probe<{n}>" for n in GRU_CLUSTERS] + ["gru_grid_barrier_probe"]),
     }

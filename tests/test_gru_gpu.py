@@ -5,6 +5,7 @@ element no thread writes fails. Tolerance (float32): the kernels' error against 
 oracle may be at most twice the float32 oracle's error against it, plus a floor of 16 ulps of
 the output's scale. float64: 1e-11 of the scale (GEMM summation order is all that differs).
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import cugru
 from cugru import gru as gru_module
 from cugru import oracle
+from cukernels import _rt
 from gru_cases import BENCH_SHAPES, NAMES, SHAPES, problem, torch_gru, weights
 
 pytestmark = pytest.mark.gpu
@@ -148,15 +150,29 @@ def test_fast_path_repeats_its_bits(cp, rng, shape, scope):
             cp.testing.assert_array_equal(a, b)
 
 
-def test_auto_takes_the_fast_path_up_to_its_work_limit(cp, monkeypatch):
+def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
+    """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
+    waves of groups; the grid kernels (FastPlan) up to FAST_AUTO_MAX_WORK; else per step."""
     chosen = []
     monkeypatch.setattr(gru_module, "_forward_gpu",
                         lambda *a: chosen.append(a[-1]) or (None, None, None, None))
-    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 64, 3))
-    small = chosen[-1]
-    cugru.gru_forward(cp.zeros((2, 64, 3), np.float32), None, *_zero_weights(cp, 512, 3))
-    assert small is not None and chosen[-1] is None     # S8's work: the per-step path
-    assert 64 * 3 * 512 * 512 > gru_module.FAST_AUTO_MAX_WORK >= 64 * 3 * 64 * 64
+
+    def auto(B, H):
+        cugru.gru_forward(cp.zeros((2, B, 3), np.float32), None, *_zero_weights(cp, H, 3))
+        return chosen[-1]
+
+    assert auto(64, 64).scope == "block"
+    plan = gru_module.fast_plan(64, 512, 1, np.float32)             # S8
+    assert isinstance(plan, gru_module.TilePlan) and plan.scope == "grid"
+    waves = -(-plan.groups // plan.slots)
+    assert (auto(64, 512) == plan) == (waves <= gru_module.GRID_AUTO_MAX_WAVES)
+    plan = gru_module.fast_plan(64, 1024, 1, np.float32)            # S9
+    waves = -(-plan.groups // plan.slots)
+    assert waves > gru_module.GRID_AUTO_MAX_WAVES and auto(64, 1024) is None
+    # H = 1022 is no multiple of the pack: the grid kernels, beyond the work limit
+    assert isinstance(gru_module.fast_plan(64, 1022, 1, np.float32), gru_module.FastPlan)
+    assert auto(64, 1022) is None
+    assert 64 * 3 * 1022 * 1022 > gru_module.FAST_AUTO_MAX_WORK
 
 
 def _zero_weights(cp, H, I):
@@ -172,6 +188,9 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     assert gru_module.fast_plan(1, 64, 1, np.float64).scope == "block"
     assert gru_module.fast_plan(1, 65, 1, np.float64).scope == "cluster"
     assert gru_module.fast_plan(64, 1024, 2, np.float32).scope == "grid"
+    # beyond a cluster, the tile kernels at grid scope where H is a multiple of the pack
+    assert gru_module.fast_plan(64, 512, 1, np.float32).tile[0] == 0
+    assert isinstance(gru_module.fast_plan(64, 513, 1, np.float32), gru_module.FastPlan)
     # too large for the tile kernels (H > 256) and too many rows for the grid kernels:
     # no plan; "fast" refuses, "auto" falls back to the per-step path
     assert gru_module.fast_plan(2100, 257, 1, np.float32) is None
@@ -211,13 +230,25 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
     no split), with one row per group and with the most rows per group it takes (B = 5: full
     and partial groups)."""
     it = np.dtype(dtype).itemsize
-    holds = [H for H in range(1, 300) if gru_module._tile_split(1, H, 1, tile, 1, it)]
+    if not _rt.gru_tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+
+    def split(B, H, rows):
+        """the tile's plan; at grid scope with its slots, None where a group's blocks (both
+        directions) do not fit the GPU at once"""
+        plan = gru_module._tile_split(B, H, 2, tile, rows, it)
+        if plan is None or plan.cluster:
+            return plan
+        n = gru_module._clusters_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
+        return dataclasses.replace(plan, slots=min(plan.groups, n // 2)) if n >= 2 else None
+
+    holds = [H for H in range(1, 300 if tile[0] else 2100) if split(1, H, 1)]
     H = min(holds) if end == "low" else max(holds)
     if end == "top":
-        assert gru_module._tile_split(1, H + 1, 1, tile, 1, it) is None
-    most = max(r for r in range(1, tile[2] + 1) if gru_module._tile_split(5, H, 2, tile, r, it))
+        assert split(1, H + 1, 1) is None
+    most = max(r for r in range(1, tile[2] + 1) if split(5, H, r))
     for rows in sorted({1, most}):
-        plan = gru_module._tile_split(5, H, 2, tile, rows, it)
+        plan = split(5, H, rows)
         p = problem(rng, 4, 5, 3, H, True)
         _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
 

@@ -8,6 +8,7 @@ numpy transcriptions of kernels/gru.cu's index arithmetic. The results must equa
 oracle's. The real kernels are checked against the oracle on the GPU (test_gru_gpu.py).
 """
 import ctypes
+import dataclasses
 import types
 
 import numpy as np
@@ -62,7 +63,7 @@ class HostLoop:
             c[...] = product + beta * c if beta else product
 
     def launch(self, func, grid, block, args, *, shared_mem=0, cooperative=False):
-        func(grid, block, shared_mem, *args)
+        func(grid, block, shared_mem, *args, cooperative=cooperative)
 
     def kernel(self, func, grid, block, args, step_arg):
         args = list(args)
@@ -180,15 +181,40 @@ class _Tile:
         return u[self.c * self.J + u < H]
 
 
-def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd):
-    """Every cluster of a tile launch: (d, b0, rows, the blocks' _Tile, their weights)."""
+def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd, counters, G, groups):
+    """Every group of a tile launch: (d, b0, rows, the blocks' _Tile, their weights). Block
+    and cluster scope: one group per cluster of the grid. Grid scope: G blocks per slot, slot
+    k taking groups k, k + slots, ... (each group exactly once), with D x slots counters."""
     C, Q, MR, NT, U = tile
     H3 = 3 * H
+    if C:
+        assert G == C and grid[0] == groups * C and isinstance(counters, np.integer)
+        order = range(groups)
+    else:
+        slots = grid[0] // G
+        assert grid[0] == slots * G and 1 <= slots <= groups
+        assert counters.dtype == np.uint32 and counters.size == grid[1] * slots
+        assert not counters.any()
+        order = [g for k in range(slots) for g in range(k, groups, slots)]
+        assert sorted(order) == list(range(groups))
+    blocks = C or G
+    assert (blocks - 1) * J < H <= blocks * J
     for d in range(grid[1]):
-        for grp in range(grid[0] // C):
-            tiles = [_Tile(c, H, J, KS, Q, NT, U, 2) for c in range(C)]
+        for grp in order:
+            tiles = [_Tile(c, H, J, KS, Q, NT, U, 2) for c in range(blocks)]
             wts = [tl.weights(w_hh[d * H3 * H:(d + 1) * H3 * H], H, fwd) for tl in tiles]
             yield d, grp * R, min(R, B - grp * R), tiles, wts
+
+
+def _tile_smem(tile, R, J, KS, segs, ring, extra):
+    """The dynamic shared memory of a tile kernel (double): mbarriers, vector (two buffers at
+    block and cluster scope, one at grid scope), lane sums, stage (none at grid scope), ring
+    and `extra` more elements."""
+    C, Q, MR, NT, U = tile
+    nv, ns = (2, 2) if C else (1, 0)
+    HS = KS * Q * 2
+    return 16 + (nv * MR * segs * HS + MR * 3 * J * KS + ns * R * segs * J
+                 + gru_module.TILE_AHEAD * R * ring * J + extra) * 8
 
 
 def tile_forward(train, tile):
@@ -197,17 +223,18 @@ def tile_forward(train, tile):
     C, Q, MR, NT, U = tile
 
     def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
-            R):
+            R, counters, G, groups, cooperative=False):
         gi, w_hh, b_ih, b_hh, hs, y, gates, h_n = (
             a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs, y, gates, h_n))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
         HS = KS * Q * V
-        assert block[0] == NT and grid[0] % C == 0 and R <= MR
-        assert smem == 16 + (2 * MR * HS + MR * 3 * J * KS + 2 * R * J
-                             + gru_module.TILE_AHEAD * R * 3 * J + 6 * J) * 8
-        assert C == 1 or J % V == 0
+        assert block[0] == NT and R <= MR and cooperative == (C == 0)
+        assert smem == _tile_smem(tile, R, J, KS, 1, 3, 6 * J)
+        assert C <= 1 or J % V == 0
+        assert C or H % V == 0          # (grid scope moves the vector in 16-byte packs)
         assert not train or S == steps + 1
-        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, True):
+        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, True,
+                                                 counters, G, groups):
             vec = np.zeros((2, MR, HS))            # the same in every block
             for i in range(rows):
                 vec[0, i, :H] = hs[d * S * BH + (b0 + i) * H:d * S * BH + (b0 + i + 1) * H]
@@ -227,8 +254,8 @@ def tile_forward(train, tile):
                         z = _sigmoid(x[1] + hb[1])
                         n = np.tanh(x[2] + r * hb[2])
                         h_new = (1 - z) * n + z * cur[i, j]
-                        if train:
-                            hs[(d * S + s + 1) * BH + b * H + j] = h_new
+                        if train or C == 0:   # (grid scope: the vector other blocks read)
+                            hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
                         y[(t * B + b) * D * H + d * H + j] = h_new
                         if s == steps - 1:
                             h_n[d * BH + b * H + j] = h_new
@@ -246,18 +273,19 @@ def tile_backward(tile):
     C, Q, MR, NT, U = tile
 
     def run(grid, block, smem, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS,
-            R):
+            R, counters, G, groups, cooperative=False):
         assert isinstance(dh_n, np.ndarray) or dh_n == 0     # 0: a null pointer, zeros
         dh_n = dh_n.reshape(-1) if isinstance(dh_n, np.ndarray) else None
         dy, gates, hs, w_hh, dgi, dgh, dh0 = (
             a.reshape(-1) for a in (dy, gates, hs, w_hh, dgi, dgh, dh0))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
         HS = KS * Q * V
-        assert block[0] == NT and R <= MR
-        assert smem == 16 + (6 * MR * HS + MR * 3 * J * KS + 6 * R * J
-                             + gru_module.TILE_AHEAD * R * 6 * J) * 8
-        assert C == 1 or J % V == 0
-        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, False):
+        assert block[0] == NT and R <= MR and cooperative == (C == 0)
+        assert smem == _tile_smem(tile, R, J, KS, 3, 6, 0)
+        assert C <= 1 or J % V == 0
+        assert C or H % V == 0
+        for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, False,
+                                                 counters, G, groups):
             vec = np.zeros((2, MR, 3 * HS))
             units = [[tl.units(i, rows, H) for i in range(rows)] for tl in tiles]
             carry = [[np.zeros(len(u)) if dh_n is None else
@@ -299,7 +327,7 @@ def tile_backward(tile):
     return run
 
 
-def sum_chunks(grid, block, shared_mem, part, out, n, ld, chunks):
+def sum_chunks(grid, block, shared_mem, part, out, n, ld, chunks, cooperative=False):
     """gru_sum_chunks<T>: the partials added in chunk order."""
     part, out = part.reshape(-1), out.reshape(-1)
     acc = part[:n].copy()
@@ -394,13 +422,15 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
 
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 7, 2, 3, True, True),
                                            (5, 1, 3, 17, True, False), (3, 9, 2, 33, False, True),
-                                           (2, 3, 2, 1, True, True)])
+                                           (2, 3, 2, 1, True, True), (3, 9, 2, 34, True, True),
+                                           (2, 5, 3, 130, True, False)])
 @pytest.mark.parametrize("tile", gru_module.TILES[8], ids=str)
 def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
                                                h0, tile):
-    """The block- and cluster-scope kernels' layout (weights per thread, lanes per unit, the
-    shared buffers, rows per group, the pointwise threads), transcribed in numpy, for every
-    built tile kernel and row count it takes, computes the oracle's results."""
+    """The tile kernels' layout (weights per thread, lanes per unit, the shared buffers, rows
+    per group, the pointwise threads; at grid scope the blocks of a group and the slots
+    taking groups in turn), transcribed in numpy, for every built tile kernel and row count
+    it takes, computes the oracle's results."""
     D = 2 if bi else 1
     if gru_module._tile_split(B, H, D, tile, 1, 8) is None:
         pytest.skip("the tile kernel does not hold this H")
@@ -410,8 +440,11 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, D)
     for rows in range(1, tile[2] + 1):
-        plan = gru_module._tile_split(B, H, D, tile, rows, 8)
-        saved_dev = _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref)
+        split = gru_module._tile_split(B, H, D, tile, rows, 8)
+        # grid scope: one slot (every group in turn), two, and one per group
+        for slots in ([0] if tile[0] else sorted({1, min(2, split.groups), split.groups})):
+            plan = dataclasses.replace(split, slots=slots)
+            saved_dev = _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref)
     no_dh_n = oracle.gru_backward(p["dy"], None, saved)
     got = gru_module._backward_gpu(dev(p["dy"]), None, saved_dev, dims, plan)
     for g, r in zip(got, no_dh_n):
@@ -422,27 +455,37 @@ def _all_tiles():
     return [(it, tile) for it in (4, 8) for tile in gru_module.TILES[it]]
 
 
-@pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512])
+@pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512, 1024,
+                               1028, 2048])
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
 def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
     """Every tile split fits its kernels: every block owns units, a unit's lanes (a power of
-    two up to TILE_MAX_LANES) cover H with the kernel's packs, the product's and the pointwise
-    step's threads fit the block, and the rank counts waves of clusters."""
+    two up to TILE_MAX_LANES, GRID_MAX_LANES at grid scope) cover H with the kernel's packs,
+    the product's and the pointwise step's threads fit the block, grid scope takes the
+    fewest blocks per group that hold H (and H a multiple of the pack), and the rank counts
+    waves of groups."""
     cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
     for rows in range(1, max_rows + 1):
         plan = gru_module._tile_split(37, H, 1, tile, rows, itemsize)
         if plan is None:
             continue
-        assert plan.tile == tile
+        blocks = plan.per_group
+        assert plan.tile == tile and plan.scope == {0: "grid", 1: "block"}.get(cluster,
+                                                                                "cluster")
         assert plan.rows == rows and plan.groups * rows >= 37 > (plan.groups - 1) * rows
-        assert (cluster - 1) * plan.units < H <= cluster * plan.units
+        assert (blocks - 1) * plan.units < H <= blocks * plan.units
         assert plan.lanes & (plan.lanes - 1) == 0
-        assert plan.lanes <= gru_module.TILE_MAX_LANES
-        assert cluster == 1 or plan.units % v == 0
+        assert plan.lanes <= (gru_module.GRID_MAX_LANES if cluster == 0
+                              else gru_module.TILE_MAX_LANES)
+        assert cluster <= 1 or plan.units % v == 0
         assert plan.units % per_thread == 0
         assert plan.units // per_thread * plan.lanes <= threads and plan.units * rows <= threads
         assert plan.lanes * packs * v >= H > plan.lanes // 2 * packs * v
+        if cluster == 0:
+            assert H % v == 0 and plan.group_blocks >= 1 and plan.slots == 0
+            held = threads // plan.lanes * per_thread      # the most units a block takes
+            assert plan.units <= held and (plan.group_blocks - 1) * held < H
         assert gru_module._tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
 
 

@@ -41,7 +41,7 @@ SANITIZER_TOOLS = {
     # kernels with several units per thread the tool's count of the barriers it tracks
     # overflows (automatic, or set to 2..64), and it then stops the kernel; set to 16384 it
     # runs out of memory and tracks nothing. Those kernels are left to the other tools.
-    "synccheck": ("gru and not (each_tile_kernel and (u2 or u4) and not _c1_)", []),
+    "synccheck": ("gru and not (each_tile_kernel and (u2 or u4) and not (_c1_ or _c0_))", []),
 }
 
 

@@ -1,47 +1,70 @@
 """Where a fast-path step's time goes: the forward tile kernel of a shape's plan (inference),
-timed as built and with parts of its step taken out one after another (the outputs and the
-loads ahead; IEEE-exact maths, replaced by fast intrinsics; the cell's maths; the product).
+timed as built and with parts of its step taken out one after another. Block and cluster
+scope: the outputs and the loads ahead; IEEE-exact maths, replaced by fast intrinsics; the
+cell's maths; the product. Grid scope: the wait at the group's counter; the copy of the
+vector from L2; the product; the arrival at the counter.
 
-    python tools/gru_tile_diag.py S1 S7
+    python tools/gru_tile_diag.py S1 S7 S8
 
 A diagnostic, not part of the package: it patches kernels/gru.cu's text in memory (and
 stops with an AssertionError when the text it patches has changed) and compiles each
 variant with CuPy. The variants compute wrong results; only their times mean anything.
 """
-import re
 import sys
 
 import numpy as np
 
 
+def _patch(src, old, new, count=1):
+    out = src.replace(old, new, count)
+    assert out != src, old
+    return out
+
+
 def variants(src):
+    """block and cluster scope"""
     out = {"as built": src}
-    no_io = src.replace("""        if (tl.mine) {   // the outputs
-            (y + (long long)gru_time""", """        if (false) {   // the outputs
-            (y + (long long)gru_time""", 1).replace(
-        "        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same thread)",
-        "        gru_copy_commit();", 1)
-    assert no_io != src
+    no_io = _patch(src, """            if (tl.mine) {   // the outputs
+                (y + (long long)gru_time""", """            if (false) {   // the outputs
+                (y + (long long)gru_time""")
+    no_io = _patch(no_io, "            if (C > 0) fetch(s + GRU_TILE_AHEAD);",
+                   "            if (C > 0) gru_copy_commit();")
     out["no outputs, no loads"] = no_io
-    fast = no_io.replace("return T(1) / (T(1) + ck_exp(-v));",
-                         "return __fdividef(T(1), T(1) + __expf(-v));")
-    fast = fast.replace("    n = ck_tanh(x_n + r * hn);",
-                        "    { float t; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(t)"
-                        " : \"f\"(float(x_n + r * hn))); n = t; }")
-    assert fast.count("__expf") == 1 and "tanh.approx" in fast
+    fast = _patch(no_io, "return T(1) / (T(1) + ck_exp(-v));",
+                  "return __fdividef(T(1), T(1) + __expf(-v));")
+    fast = _patch(fast, "    n = ck_tanh(x_n + r * hn);",
+                  "    { float t; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(t)"
+                  " : \"f\"(float(x_n + r * hn))); n = t; }")
     out["... and fast math"] = fast
-    nopw = fast.replace("""            h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
-                             gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
-                             tl.row(s & 1, tl.pi, 1)[j], r, z, n);""",
-                        """            h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
-            r = z = n = h_new;""")
-    assert nopw != fast
+    nopw = _patch(fast, """                h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
+                                 gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
+                                 tl.row(s & 1, tl.pi, 1)[j], r, z, n);""",
+                  """                h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
+                r = z = n = h_new;""")
     out["... and no cell maths"] = nopw
-    noprod = nopw.replace("""        if (tl.product)
-            gru_tile_product<true, Q, MR, U>""", """        if (false)
-            gru_tile_product<true, Q, MR, U>""")
-    assert noprod != nopw
+    out["... and no product"] = _patch(nopw, """            if (tl.product)
+                gru_tile_product<true, Q, MR, U>""", """            if (false)
+                gru_tile_product<true, Q, MR, U>""")
+    return out
+
+
+def grid_variants(src):
+    """grid scope"""
+    out = {"as built": src}
+    nowait = _patch(src, "                if (s > 0) gru_group_wait(counter, target);",
+                    "                __syncthreads();")
+    out["no wait at the counter"] = nowait
+    nocopy = _patch(nowait, """                gru_tile_stage<T, MR, NT>(tl.vec, HS, 1,
+                                          hs + ((long long)d * S + s % S) * BH
+                                             + (long long)tl.b0 * H, H, H, tl.rows);""",
+                    """                asm volatile("cp.async.wait_all;" ::: "memory");""")
+    out["... and no copy of the vector"] = nocopy
+    noprod = _patch(nocopy, """            if (tl.product)
+                gru_tile_product<true, Q, MR, U>""", """            if (false)
+                gru_tile_product<true, Q, MR, U>""")
     out["... and no product"] = noprod
+    out["... and no arrival"] = _patch(noprod, "                gru_group_arrive(counter, tl.G, target);\n",
+                                       "", 1)
     return out
 
 
@@ -64,14 +87,21 @@ def main(argv):
         y = cp.empty((T, B, D * H), np.float32)
         h_n = cp.empty((D, B, H), np.float32)
         i32 = np.int32
-        args = (gi, a["w_hh"], a["b_ih"], a["b_hh"], hs, y, y, h_n, i32(T), i32(B), i32(H),
-                i32(2), i32(plan.units), i32(plan.lanes), i32(plan.rows))
+        grid = not plan.cluster
         print(sid, plan, file=sys.stderr)
-        for label, src in variants(src0).items():
+        for label, src in (grid_variants if grid else variants)(src0).items():
             mod = cp.RawModule(code=src, options=_rt.COMPILE_OPTIONS, name_expressions=[name])
             fn = mod.get_function(name)
             fn.max_dynamic_shared_size_bytes = plan.smem_fwd
-            launch = lambda: fn((plan.blocks, D), (plan.threads,), args, shared_mem=plan.smem_fwd)  # noqa
+
+            def launch():
+                # (fresh counters: each launch's blocks count from zero)
+                args = (gi, a["w_hh"], a["b_ih"], a["b_hh"], hs, y, y, h_n, i32(T), i32(B),
+                        i32(H), i32(2), i32(plan.units), i32(plan.lanes), i32(plan.rows)
+                        ) + plan.launch_args(cp, D)
+                with _rt.StepLoop(np.float32) as loop:
+                    loop.launch(fn, (plan.blocks, D), (plan.threads,), args,
+                                shared_mem=plan.smem_fwd, cooperative=grid)
             for _ in range(3):
                 launch()
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()

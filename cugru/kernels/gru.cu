@@ -176,21 +176,36 @@ __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict_
 //   dh0 = dh*z + d_gate_h[0] W_hh.
 #define GRU_NT 256       // threads per block (the host launches exactly this many)
 
+// A barrier across `count` blocks through a counter in global memory, in two halves. After a
+// __syncthreads that follows the block's writes, thread 0 arrives (release, GPU scope) and
+// raises its running goal `target` by count; a wait (thread 0 spins, acquire, then
+// __syncthreads) returns once every block has arrived as often as this one.
+__device__ __forceinline__ void gru_group_arrive(unsigned int* counter, unsigned int count,
+                                                 unsigned int& target) {
+    if (threadIdx.x == 0) {
+        target += count;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+}
+__device__ __forceinline__ void gru_group_wait(const unsigned int* counter,
+                                               unsigned int target) {
+    if (threadIdx.x == 0) {
+        unsigned int seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                         : "=r"(seen) : "l"(counter) : "memory");
+        } while (seen < target);
+    }
+    __syncthreads();
+}
+
 // All `count` blocks of one direction wait here; `target` is thread 0's running goal.
 __device__ __forceinline__ void gru_group_barrier(unsigned int* counter, unsigned int count,
                                                   unsigned int& target) {
     __syncthreads();
     if (count > 1) {
-        if (threadIdx.x == 0) {
-            target += count;
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-            unsigned int seen;
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                             : "=r"(seen) : "l"(counter) : "memory");
-            } while (seen < target);
-        }
-        __syncthreads();
+        gru_group_arrive(counter, count, target);
+        gru_group_wait(counter, target);
     }
 }
 
@@ -481,30 +496,39 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
     }
 }
 
-// ---- the fast path at block and cluster scope: weights in registers ----------------------
-// For hidden sizes up to a few hundred units. A cluster of C blocks (C = 1: one block) of NT
-// threads runs one direction d for one group of R <= MR batch rows, b0 = g*R: gridDim.x =
-// groups * C, gridDim.y = D. Groups are independent (the recurrence never mixes batch rows),
-// so they need not be resident at once. Block c of a cluster owns units [j0, j0 + J),
-// j0 = c*J. A step has two phases.
+// ---- the fast path with weights in registers: block, cluster and grid scope ----------------
+// A group of C blocks (C = 1: one block; C > 1: a thread-block cluster; C = 0: G blocks that
+// meet at a counter in global memory, "grid scope") of NT threads runs one direction d for
+// one group of R <= MR batch rows, b0 = g*R: gridDim.y = D. Groups are independent (the
+// recurrence never mixes batch rows). At block and cluster scope gridDim.x = groups * C, one
+// group per cluster, and groups need not be resident at once. At grid scope gridDim.x =
+// slots * G: the G blocks of a slot take groups g = slot, slot + slots, ... one after the
+// other, and the host launches cooperatively (every block resident). Block c of a group
+// owns units [j0, j0 + J), j0 = c*J. A step has two phases.
 // 1. The product. Thread tid = n*KS + ks (lane ks), n*U < J, holds for its U units
 //    u = n*U + v (v < U) the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each
 //    gate, in registers, zero past H (unit j = j0 + u):
 //      forward   w[v][g][q] = W_hh[d][g*H + j][p*V ...]   (row j of each gate: k = p*V + e)
 //      backward  w[v][g][q] = W_hh[d][g*H + p*V ...][j]   (column j: rows g*H + p*V + e)
-//    It multiplies them with the vector each block keeps whole in shared memory, double-
-//    buffered by step parity: h (MR rows of HS) forward, d_gate_h (MR rows of 3 segments of
-//    HS) backward. HS = KS*Q*V >= H, and the vector is zero past H and in the rows past R,
-//    so every lane runs exactly Q packs of MR rows, with no branch; each pack it loads serves
-//    its U units (U > 1: fewer shared-memory loads per multiply-add). Its sum for unit u
-//    (with U = 1: even and odd q apart, then added) goes to part[row][gate][u][ks].
+//    It multiplies them with the vector each block keeps whole in shared memory: h (MR rows
+//    of HS) forward, d_gate_h (MR rows of 3 segments of HS) backward. HS = KS*Q*V >= H, and
+//    the vector is zero past H and in the rows past R, so every lane runs exactly Q packs of
+//    MR rows, with no branch; each pack it loads serves its U units (U > 1: fewer shared-
+//    memory loads per multiply-add). Its sum for unit u (with U = 1: even and odd q apart,
+//    then added) goes to part[row][gate][u][ks].
 // 2. The pointwise step, after __syncthreads. Thread p < J*R serves unit u = p % J of row
 //    i = p / J: it adds the KS lane sums of its unit in lane order (the same bits every run),
-//    applies the step and writes its new values into the other buffer, then its outputs to
-//    global memory: directly in one block, where the warps without pointwise steps wait
-//    only for the new values (barriers 1 and 2 below); in a cluster through the exchange
-//    below (distributed shared memory and mbarriers, no cluster-wide barrier per step). What
-//    it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
+//    applies the step and passes its new values on, then writes its outputs to global
+//    memory. What it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
+// How the new values reach every block of the group:
+//    block    into the other buffer of the vector (double-buffered by step parity); the warps
+//             without pointwise steps wait only for the new values (barriers 1 and 2 below);
+//    cluster  through the exchange below (distributed shared memory and mbarriers, no
+//             cluster-wide barrier per step), also double-buffered;
+//    grid     into hs (forward) or dgh (backward) in global memory, which are the outputs
+//             anyway; each block then arrives at the group's counter, and at the next step
+//             waits for the others and copies the group's rows from L2 into its vector (one
+//             buffer: the copy comes after every thread of the block is done with it).
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
@@ -668,8 +692,9 @@ __device__ __forceinline__ void gru_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(GRU_TILE_AHEAD - 1) : "memory");
 }
 
-// the most lanes per unit (the host's splits keep to it)
+// the most lanes per unit (the host's splits keep to it): block and cluster scope, grid scope
 #define GRU_TILE_MAX_LANES 8
+#define GRU_GRID_MAX_LANES 64
 
 // out[g] = p[g*ld] + p[g*ld + 1] + ... + p[g*ld + K-1], added in that order (shared memory)
 template <typename T, int K>
@@ -677,33 +702,32 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
     constexpr int V = Pack16<T>::N;
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-        T x[K];
+        T v = T(0);
         if constexpr (K % V == 0) {   // 16-byte packs (K*sizeof(T) divides the offsets)
 #pragma unroll
             for (int c = 0; c < K / V; ++c) {
-                T v[V];
-                gru_smem_pack(p + g * ld + c * V, v);
+                T x[V];
+                gru_smem_pack(p + g * ld + c * V, x);
 #pragma unroll
-                for (int e = 0; e < V; ++e) x[c * V + e] = v[e];
+                for (int e = 0; e < V; ++e) v = (c == 0 && e == 0) ? x[0] : v + x[e];
             }
         } else {
 #pragma unroll
-            for (int k = 0; k < K; ++k) x[k] = p[g * ld + k];
+            for (int k = 0; k < K; ++k) v = k == 0 ? p[g * ld] : v + p[g * ld + k];
         }
-        T v = x[0];
-#pragma unroll
-        for (int k = 1; k < K; ++k) v += x[k];
         out[g] = v;
     }
 }
 
-// The block's roles and its shared memory: [16 B: two mbarriers][vec: 2][MR][segs*HS]
-// [part: MR][3][J*KS][stage: 2][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is
-// 1 forward (h) and 3 backward (d_gate_h), and ring the values a pointwise step reads ahead
-// (3 forward, 6 backward); forward, the biases of the block's units follow ([6][J]).
+// The block's roles and its shared memory: [16 B: two mbarriers][vec: NV][MR][segs*HS]
+// [part: MR][3][J*KS][stage: NS][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is
+// 1 forward (h) and 3 backward (d_gate_h), ring the values a pointwise step reads ahead
+// (3 forward, 6 backward), NV = 2 and NS = 2 at block and cluster scope (double-buffered), NV
+// = 1 and NS = 0 at grid scope; forward, the biases of the block's units follow ([6][J]).
 template <typename T, int C, int Q, int MR, int U> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
+    int G;              // blocks per group (C, or the grid scope's G)
     int wu, ks;         // the product: units wu .. wu + U-1 (of this block) and lane ks
     int wn;             //   how many of them are units of H
     bool product;       //   this thread has a part in the product
@@ -711,12 +735,14 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
     bool mine;          //   this thread has a pointwise step
     int pw;             // the threads of the warps with pointwise steps (whole warps)
     T *vec, *part, *stage, *ring;
+    // block c = blockIdx.x % G of group blockIdx.x / G
     __device__ __forceinline__ GruTile(unsigned char* smem, int B, int H, int J, int KS, int R,
-                                       int segs) {
+                                       int segs, int G_) {
         d = blockIdx.y;
-        b0 = (blockIdx.x / C) * R;
+        G = C > 0 ? C : G_;
+        b0 = (blockIdx.x / G) * R;
         rows = min(R, B - b0);
-        j0 = gru_cluster_rank<C>() * J;
+        j0 = (C > 0 ? gru_cluster_rank<C>() : (int)blockIdx.x % G) * J;
         HS = KS * Q * V;
         JK = J * KS;
         const int tid = threadIdx.x;
@@ -732,25 +758,60 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
         j = mine ? j0 + pu : 0;
         bm = mine ? b0 + pi : 0;
         vec = reinterpret_cast<T*>(smem + 16);
-        part = vec + 2 * MR * segs * HS;
+        part = vec + (C > 0 ? 2 : 1) * MR * segs * HS;
         stage = part + MR * 3 * JK;
-        ring = stage + 2 * R * segs * J;
+        ring = stage + (C > 0 ? 2 * R * segs * J : 0);
     }
-    // the vector of step parity b, row i
+    // grid scope: move on to group g
+    __device__ __forceinline__ void group(int g, int B, int H, int J, int R) {
+        b0 = g * R;
+        rows = min(R, B - b0);
+        mine = pi < rows && pu < H - j0;
+        j = mine ? j0 + pu : 0;
+        bm = mine ? b0 + pi : 0;
+    }
+    // the vector of step parity b (0 at grid scope), row i
     __device__ __forceinline__ T* row(int b, int i, int segs) const {
-        return vec + (b * MR + i) * segs * HS;
+        return vec + ((C > 0 ? b : 0) * MR + i) * segs * HS;
     }
     // this thread's sums of the three gates: the lane sums of its unit, in lane order
-    // (KS a power of two up to GRU_TILE_MAX_LANES)
+    // (KS a power of two up to GRU_TILE_MAX_LANES, or GRU_GRID_MAX_LANES at grid scope)
     __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
-        static_assert(GRU_TILE_MAX_LANES == 8, "unit_sums takes 1, 2, 4 or 8 lanes");
+        static_assert(GRU_TILE_MAX_LANES == 8 && GRU_GRID_MAX_LANES == 64,
+                      "unit_sums takes 1 to 8 lanes, or up to 64 at grid scope");
         const T* p = part + pi * 3 * JK + pu * KS;
         if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK);
         else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK);
         else if (KS == 4) gru_sum_lanes<T, 4>(out, p, JK);
-        else gru_sum_lanes<T, 8>(out, p, JK);
+        else if (C > 0 || KS == 8) gru_sum_lanes<T, 8>(out, p, JK);
+        else if (KS == 16) gru_sum_lanes<T, 16>(out, p, JK);
+        else if (KS == 32) gru_sum_lanes<T, 32>(out, p, JK);
+        else gru_sum_lanes<T, 64>(out, p, JK);
     }
 };
+
+// Grid scope: the vector of a step from global memory into shared memory, zero past H and
+// in the rows past `rows` (H a multiple of the pack):
+//   vec[(i*segs + g)*HS + k] = src[i*ld + g*H + k]   for i < MR, g < segs, k < HS.
+// Asynchronous 16-byte copies through L2 (other blocks wrote the vector: L1 may hold stale
+// lines), zero-filled where there is no source; it returns once all of this thread's copies
+// (the ring's too) have landed.
+template <typename T, int MR, int NT>
+__device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T* src,
+                                               int ld, int H, int rows) {
+    constexpr int V = Pack16<T>::N;
+    const int nr = HS / V, n = MR * segs * nr;
+    for (int idx = threadIdx.x; idx < n; idx += NT) {
+        const int rg = idx / nr, k = (idx - rg * nr) * V;   // rg = i*segs + g
+        const int i = rg / segs, g = rg - i * segs;
+        const bool in = i < rows && k < H;
+        const T* at = in ? src + i * ld + g * H + k : src;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     ::"r"(gru_smem_addr(vec + rg * HS + k)), "l"(at), "r"(in ? 16 : 0)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
 
 // the product thread's weights: forward rows (FWD) or backward columns of units j .. j + U-1
 // (the first n of them units of H), zero outside H
@@ -816,187 +877,308 @@ __device__ __forceinline__ void gru_tile_product(T* part,
                                                                 : a[i][u][g];
 }
 
+// The tile kernels' bodies; the kernels themselves follow (grid scope has no cluster shape).
 template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN>
-__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
-gru_tile_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
-                 const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
-                 T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
-                 int B, int H, int S, int J, int KS, int R) {
+__device__ __forceinline__ void
+gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
+                     const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
+                     T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
+                     int B, int H, int S, int J, int KS, int R, unsigned int* counters, int G,
+                     int groups) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 1);
+    GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 1, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
-    const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
+    const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
     T w[U][3][Q][Pack16<T>::N];
     gru_tile_weights<T, Q, U, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
-    for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
-        const int i = idx / HS, k = idx - i * HS;
-        tl.vec[idx] = (i < tl.rows && k < H)
-                          ? hs[(long long)d * S * BH + (long long)(tl.b0 + i) * H + k] : T(0);
-    }
-    for (int idx = threadIdx.x; idx < 2 * R * J; idx += NT) tl.stage[idx] = T(0);
-    // the pointwise thread's biases, and the addresses of its row at step or time 0 with
-    // the stride per step (or time)
-    // (the biases of the block's units wait in shared memory, after the ring: registers
-    // are short with NT = 512)
+    // the biases of the block's units wait in shared memory, after the ring (registers are
+    // short with NT = 512)
     T* bias = tl.ring + GRU_TILE_AHEAD * R * 3 * J + tl.pu;   // [b_ih | b_hh][3][J]
     for (int idx = threadIdx.x; idx < 6 * J; idx += NT) {
         const int g = idx / J, u = idx - g * J;
         tl.ring[GRU_TILE_AHEAD * R * 3 * J + idx] =
             tl.j0 + u < H ? (g < 3 ? b_ih : b_hh - 3 * H)[d * H3 + g * H + tl.j0 + u] : T(0);
     }
-    // The pointwise thread's addresses: a step's rows start at an address the same for the
-    // whole block (time t: y + t*B*D*H, gi + t*B*D*3H; step s: gates + (d*steps + s)*B*4H,
-    // hs + (d*S + s)*B*H), and its row and unit are a 32-bit offset within them (the host
-    // keeps B*D*4H < 2^31).
-    const int bm = tl.bm, o_t = (bm * D + d) * H + j, o_s = bm * H + j;
-    T* ring_m = tl.ring + tl.pi * 3 * J + tl.pu;                      // + slot * R*3*J
-    // the input projection of step s into the ring, GRU_TILE_AHEAD steps ahead
-    auto fetch = [&](int s) {
-        if (tl.mine && s < steps) {
-            const T* src = gi + (long long)gru_time(d, steps, s) * (B * D * H3) + 3 * o_t - 2 * j;
-            T* dst = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
-#pragma unroll
-            for (int g = 0; g < 3; ++g) gru_copy_async(dst + g * J, src + g * H);
-        }
-        gru_copy_commit();
-    };
-#pragma unroll 1
-    for (int s = 0; s < GRU_TILE_AHEAD; ++s) fetch(s);
-    gru_exchange_init<C>(bars);
-    gru_cluster_barrier<C>();   // every block of the cluster has started and filled its vector
-    for (int s = 0; s < steps; ++s) {
-        if (s > 0) gru_exchange_wait<C>(bars, s & 1, s);
-        if (tl.product)
-            gru_tile_product<true, Q, MR, U>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks, KS,
-                                             tl.wu * KS + tl.ks, tl.JK);
-        gru_copy_wait();
-        __syncthreads();
-        T h_new, r, z, n, hn;
-        if (tl.mine) {
-            const T* x = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
-            T gh[3];
-            tl.unit_sums(gh, KS);
-            hn = gh[2] + bias[5 * J];
-            h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
-                             gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
-                             tl.row(s & 1, tl.pi, 1)[j], r, z, n);
-            if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
-            else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
-        }
-        gru_values_written<C, NT>(tl.pw);
-        if (tl.mine) {   // the outputs
-            (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
-            if (s == steps - 1) h_n[d * BH + o_s] = h_new;
-            if (TRAIN) {
-                (hs + ((long long)d * S + s + 1) * BH)[o_s] = h_new;
-                T* g = gates + ((long long)d * steps + s) * (4 * BH) + 4 * o_s - 3 * j;
-                g[0] = r;
-                g[H] = z;
-                g[2 * H] = n;
-                g[3 * H] = hn;
+    // grid scope: the counter of this block's slot
+    unsigned int* counter =
+        C == 0 ? counters + d * (gridDim.x / tl.G) + blockIdx.x / tl.G : nullptr;
+    unsigned int target = 0;
+    // one group of rows (tl.group): at grid scope each slot's groups in turn
+    auto run = [&]() {
+        const int j = tl.j;
+        if (C > 0) {
+            for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
+                const int i = idx / HS, k = idx - i * HS;
+                tl.vec[idx] = (i < tl.rows && k < H)
+                                  ? hs[(long long)d * S * BH + (long long)(tl.b0 + i) * H + k]
+                                  : T(0);
             }
+            for (int idx = threadIdx.x; idx < 2 * R * J; idx += NT) tl.stage[idx] = T(0);
         }
-        fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
-        gru_exchange_done<T, C, NT>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
-                                    tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0, HP,
-                                    tl.pw);
+        // The pointwise thread's addresses: a step's rows start at an address the same for
+        // the whole block (time t: y + t*B*D*H, gi + t*B*D*3H; step s: gates +
+        // (d*steps + s)*B*4H, hs + (d*S + s)*B*H), and its row and unit are a 32-bit offset
+        // within them (the host keeps B*D*4H < 2^31).
+        const int bm = tl.bm, o_t = (bm * D + d) * H + j, o_s = bm * H + j;
+        T* ring_m = tl.ring + tl.pi * 3 * J + tl.pu;                      // + slot * R*3*J
+        // the input projection of step s into the ring, GRU_TILE_AHEAD steps ahead
+        auto fetch = [&](int s) {
+            if (tl.mine && s < steps) {
+                const T* src = gi + (long long)gru_time(d, steps, s) * (B * D * H3) + 3 * o_t
+                               - 2 * j;
+                T* dst = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
+#pragma unroll
+                for (int g = 0; g < 3; ++g) gru_copy_async(dst + g * J, src + g * H);
+            }
+            gru_copy_commit();
+        };
+        // (grid scope: one step less ahead, fetched right after the vector lands, which
+        // waits for all of the thread's copies: each has a whole step to arrive)
+#pragma unroll 1
+        for (int s = 0; s < (C > 0 ? GRU_TILE_AHEAD : GRU_TILE_AHEAD - 1); ++s) fetch(s);
+        if (C > 0) {
+            gru_exchange_init<C>(bars);
+            gru_cluster_barrier<C>();   // every block of the cluster has filled its vector
+        }
+        for (int s = 0; s < steps; ++s) {
+            if (C == 0) {   // h of step s: slot s % S of hs, the group's rows
+                if (s > 0) gru_group_wait(counter, target);
+                gru_tile_stage<T, MR, NT>(tl.vec, HS, 1,
+                                          hs + ((long long)d * S + s % S) * BH
+                                             + (long long)tl.b0 * H, H, H, tl.rows);
+                fetch(s + GRU_TILE_AHEAD - 1);   // into the slot step s - 1 read
+                __syncthreads();
+            } else if (s > 0) {
+                gru_exchange_wait<C>(bars, s & 1, s);
+            }
+            if (tl.product)
+                gru_tile_product<true, Q, MR, U>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks,
+                                                 KS, tl.wu * KS + tl.ks, tl.JK);
+            gru_copy_wait();
+            __syncthreads();
+            T h_new, r, z, n, hn;
+            if (tl.mine) {
+                const T* x = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
+                T gh[3];
+                tl.unit_sums(gh, KS);
+                hn = gh[2] + bias[5 * J];
+                h_new = gru_cell(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
+                                 gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
+                                 tl.row(s & 1, tl.pi, 1)[j], r, z, n);
+                if (C == 0) (hs + ((long long)d * S + (s + 1) % S) * BH)[o_s] = h_new;
+                else if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
+                else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
+            }
+            if (C == 0) {
+                __syncthreads();
+                gru_group_arrive(counter, tl.G, target);
+            } else {
+                gru_values_written<C, NT>(tl.pw);
+            }
+            if (tl.mine) {   // the outputs
+                (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
+                if (s == steps - 1) h_n[d * BH + o_s] = h_new;
+                if (TRAIN) {
+                    if (C > 0) (hs + ((long long)d * S + s + 1) * BH)[o_s] = h_new;
+                    T* g = gates + ((long long)d * steps + s) * (4 * BH) + 4 * o_s - 3 * j;
+                    g[0] = r;
+                    g[H] = z;
+                    g[2 * H] = n;
+                    g[3 * H] = hn;
+                }
+            }
+            if (C > 0) fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this thread)
+            if constexpr (C > 0)
+                gru_exchange_done<T, C, NT>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
+                                            tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0,
+                                            HP, tl.pw);
+        }
+        if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
+    };
+    if constexpr (C > 0) {
+        run();
+    } else {
+        for (int grp = blockIdx.x / tl.G;;) {
+            run();
+            grp += gridDim.x / tl.G;   // the slot's next group
+            if (grp >= groups) break;
+            tl.group(grp, B, H, J, R);
+        }
     }
-    if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
 }
 
 template <typename T, int C, int Q, int MR, int NT, int U>
-__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
-gru_tile_backward(const T* __restrict__ dy, const T* __restrict__ gates,
-                  const T* __restrict__ hs, const T* __restrict__ w_hh,
-                  const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
-                  T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J,
-                  int KS, int R) {
+__device__ __forceinline__ void
+gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
+                      const T* __restrict__ hs, const T* __restrict__ w_hh,
+                      const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
+                      T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J, int KS,
+                      int R, unsigned int* counters, int G, int groups) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    const GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 3);
+    GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 3, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
-    const int D = gridDim.y, d = tl.d, j = tl.j, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
+    const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
     T w[U][3][Q][Pack16<T>::N];
     gru_tile_weights<T, Q, U, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
-    for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
-    for (int idx = threadIdx.x; idx < 6 * R * J; idx += NT) tl.stage[idx] = T(0);
-    // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step or
-    // time 0 with the stride per step (or time)
-    const int bm = tl.bm;
-    T carry = (tl.mine && dh_n) ? dh_n[d * BH + (long long)bm * H + j] : T(0), dhz = T(0);
-    // its rows: of dy and dgi by time t, (t*B + bm)*D + d; of gates and dgh by step s,
-    // (d*steps + s)*B + bm (of hs, d*B more)
-    const long long time_row = (long long)bm * D + d, step_row = (long long)d * steps * B + bm;
-    T* ring_m = tl.ring + tl.pi * 6 * J + tl.pu;                              // + slot*R*6*J
-    // what a step reads besides the carry, step s (counting down) into ring slot
-    // s % GRU_TILE_AHEAD: r, z, n, hn, h, dy
-    auto fetch = [&](int s) {
-        if (tl.mine && s >= 0) {
-            const long long e = step_row + (long long)s * B;
-            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
-            const T* g = gates + e * 4 * H + j;
-            T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
+    unsigned int* counter =
+        C == 0 ? counters + d * (gridDim.x / tl.G) + blockIdx.x / tl.G : nullptr;
+    unsigned int target = 0;
+    // one group of rows (tl.group): at grid scope each slot's groups in turn
+    auto run = [&]() {
+        const int j = tl.j;
+        if (C > 0) {
+            for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
+            for (int idx = threadIdx.x; idx < 6 * R * J; idx += NT) tl.stage[idx] = T(0);
+        }
+        // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step
+        // or time 0 with the stride per step (or time)
+        const int bm = tl.bm;
+        T carry = (tl.mine && dh_n) ? dh_n[d * BH + (long long)bm * H + j] : T(0), dhz = T(0);
+        // its rows: of dy and dgi by time t, (t*B + bm)*D + d; of gates and dgh by step s,
+        // (d*steps + s)*B + bm (of hs, d*B more)
+        const long long time_row = (long long)bm * D + d;
+        const long long step_row = (long long)d * steps * B + bm;
+        T* ring_m = tl.ring + tl.pi * 6 * J + tl.pu;                          // + slot*R*6*J
+        // what a step reads besides the carry, step s (counting down) into ring slot
+        // s % GRU_TILE_AHEAD: r, z, n, hn, h, dy
+        auto fetch = [&](int s) {
+            if (tl.mine && s >= 0) {
+                const long long e = step_row + (long long)s * B;
+                const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+                const T* g = gates + e * 4 * H + j;
+                T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) gru_copy_async(v + k * J, g + k * H);
-            gru_copy_async(v + 4 * J, hs + (e + (long long)d * B) * H + j);
-            gru_copy_async(v + 5 * J, dy + f * H + j);
-        }
-        gru_copy_commit();
-    };
+                for (int k = 0; k < 4; ++k) gru_copy_async(v + k * J, g + k * H);
+                gru_copy_async(v + 4 * J, hs + (e + (long long)d * B) * H + j);
+                gru_copy_async(v + 5 * J, dy + f * H + j);
+            }
+            gru_copy_commit();
+        };
 #pragma unroll 1
-    for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
-    gru_exchange_init<C>(bars);
-    gru_cluster_barrier<C>();   // every block of the cluster has started and zeroed its vector
-    // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1)
-    auto carried = [&](int s) {
-        gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
-        if (tl.product)
-            gru_tile_product<false, Q, MR, U>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS, HS,
-                                              tl.ks, KS, tl.wu * KS + tl.ks, tl.JK);
-        gru_copy_wait();
-        __syncthreads();
-        if (!tl.mine) return T(0);
-        T gs[3];
-        tl.unit_sums(gs, KS);
-        return dhz + ((gs[0] + gs[1]) + gs[2]);
-    };
-    for (int s = steps - 1; s >= 0; --s) {
-        if (s < steps - 1) carry = carried(s);
-        else gru_copy_wait();
-        if (tl.mine) {
-            const T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
-            const T r = v[0];
-            T dr, dz, dn;
-            dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
-                                    dr, dz, dn);
-            T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
-                           : tl.row(s & 1, tl.pi, 3) + j;
-            const int seg = C > 1 ? J : HS;
-            out[0] = dr;
-            out[seg] = dz;
-            out[2 * seg] = dn * r;
-            // the outputs (before the arrival: registers are short with NT = 512)
-            const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
-            T* gi_row = dgi + f * H3 + j;
-            gi_row[0] = dr;
-            gi_row[H] = dz;
-            gi_row[2 * H] = dn;
-            T* gh_row = dgh + (step_row + (long long)s * B) * H3 + j;
-            gh_row[0] = dr;
-            gh_row[H] = dz;
-            gh_row[2 * H] = dn * r;
+        for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
+        if (C > 0) {
+            gru_exchange_init<C>(bars);
+            gru_cluster_barrier<C>();   // every block of the cluster has zeroed its vector
         }
-        gru_values_written<C, NT>(tl.pw);
-        fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this same thread)
-        gru_exchange_done<T, C, NT>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
-                                    tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J, tl.j0, HP,
-                                    tl.pw);
+        // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1; at grid
+        // scope the group's rows of dgh at step s + 1)
+        auto carried = [&](int s) {
+            if (C == 0) {
+                gru_group_wait(counter, target);
+                gru_tile_stage<T, MR, NT>(tl.vec, HS, 3,
+                                          dgh + (((long long)d * steps + s + 1) * B + tl.b0)
+                                                    * H3, 3 * H, H, tl.rows);
+                fetch(s - GRU_TILE_AHEAD + 1);   // into the slot step s + 1 read (as above)
+                __syncthreads();
+            } else {
+                gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
+            }
+            if (tl.product)
+                gru_tile_product<false, Q, MR, U>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS,
+                                                  HS, tl.ks, KS, tl.wu * KS + tl.ks, tl.JK);
+            gru_copy_wait();
+            __syncthreads();
+            if (!tl.mine) return T(0);
+            T gs[3];
+            tl.unit_sums(gs, KS);
+            return dhz + ((gs[0] + gs[1]) + gs[2]);
+        };
+        for (int s = steps - 1; s >= 0; --s) {
+            if (s < steps - 1) carry = carried(s);
+            else gru_copy_wait();
+            if (tl.mine) {
+                const T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
+                const T r = v[0];
+                T dr, dz, dn;
+                dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
+                                        dr, dz, dn);
+                if (C > 0) {
+                    T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
+                                   : tl.row(s & 1, tl.pi, 3) + j;
+                    const int seg = C > 1 ? J : HS;
+                    out[0] = dr;
+                    out[seg] = dz;
+                    out[2 * seg] = dn * r;
+                }
+                // the outputs (before the arrival: registers are short with NT = 512); at grid
+                // scope dgh is also what the other blocks read
+                const long long f = time_row + (long long)gru_time(d, steps, s) * B * D;
+                T* gi_row = dgi + f * H3 + j;
+                gi_row[0] = dr;
+                gi_row[H] = dz;
+                gi_row[2 * H] = dn;
+                T* gh_row = dgh + (step_row + (long long)s * B) * H3 + j;
+                gh_row[0] = dr;
+                gh_row[H] = dz;
+                gh_row[2 * H] = dn * r;
+            }
+            if (C == 0) {
+                __syncthreads();
+                gru_group_arrive(counter, tl.G, target);
+            } else {
+                gru_values_written<C, NT>(tl.pw);
+            }
+            if (C > 0) fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this thread)
+            if constexpr (C > 0)
+                gru_exchange_done<T, C, NT>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
+                                            tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J,
+                                            tl.j0, HP, tl.pw);
+        }
+        const T dh = carried(-1);   // d_gate_h of step 0, in buffer 0
+        if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;
+        if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
+    };
+    if constexpr (C > 0) {
+        run();
+    } else {
+        for (int grp = blockIdx.x / tl.G;;) {
+            run();
+            grp += gridDim.x / tl.G;   // the slot's next group
+            if (grp >= groups) break;
+            tl.group(grp, B, H, J, R);
+        }
     }
-    const T dh = carried(-1);   // d_gate_h of step 0, in buffer 0
-    if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;
-    if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
 }
+
+// The kernels: block and cluster scope (C >= 1; `counters` unused, G = C, groups = gridDim.x
+// / C), grid scope (C = 0: G blocks per group, `counters` D x slots zeros).
+#define GRU_TILE_FORWARD_PARAMS                                                              \
+    const T *__restrict__ gi, const T *__restrict__ w_hh, const T *__restrict__ b_ih,        \
+        const T *__restrict__ b_hh, T *hs, T *__restrict__ y, T *__restrict__ gates,        \
+        T *__restrict__ h_n, int steps, int B, int H, int S, int J, int KS, int R,          \
+        unsigned int *counters, int G, int groups
+#define GRU_TILE_FORWARD_ARGS \
+    gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS, R, counters, G, groups
+#define GRU_TILE_BACKWARD_PARAMS                                                             \
+    const T *__restrict__ dy, const T *__restrict__ gates, const T *__restrict__ hs,         \
+        const T *__restrict__ w_hh, const T *__restrict__ dh_n, T *__restrict__ dgi,             \
+        T *__restrict__ dgh,                                                               \
+        T *__restrict__ dh0, int steps, int B, int H, int J, int KS, int R,                 \
+        unsigned int *counters, int G, int groups
+#define GRU_TILE_BACKWARD_ARGS \
+    dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS, R, counters, G, groups
+
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_forward(GRU_TILE_FORWARD_PARAMS) {
+    gru_tile_forward_run<T, C, Q, MR, NT, U, TRAIN>(GRU_TILE_FORWARD_ARGS);
+}
+template <typename T, int C, int Q, int MR, int NT, int U>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_backward(GRU_TILE_BACKWARD_PARAMS) {
+    gru_tile_backward_run<T, C, Q, MR, NT, U>(GRU_TILE_BACKWARD_ARGS);
+}
+template <typename T, int Q, int MR, int NT, int U, bool TRAIN>
+__global__ void __launch_bounds__(NT, 1) gru_grid_forward(GRU_TILE_FORWARD_PARAMS) {
+    gru_tile_forward_run<T, 0, Q, MR, NT, U, TRAIN>(GRU_TILE_FORWARD_ARGS);
+}
+template <typename T, int Q, int MR, int NT, int U>
+__global__ void __launch_bounds__(NT, 1) gru_grid_backward(GRU_TILE_BACKWARD_PARAMS) {
+    gru_tile_backward_run<T, 0, Q, MR, NT, U>(GRU_TILE_BACKWARD_ARGS);
+}
+
 
 // ---- the weight-gradient tail ------------------------------------------------------------
 // out[k] = part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n (part rows ld apart):
