@@ -63,8 +63,8 @@ def grid_variants(src):
                 gru_tile_product<true, Q, MR, U>""", """            if (false)
                 gru_tile_product<true, Q, MR, U>""")
     out["... and no product"] = noprod
-    out["... and no arrival"] = _patch(noprod, "                gru_group_arrive(counter, tl.G, target);\n",
-                                       "", 1)
+    out["... and no arrival"] = _patch(
+        noprod, "                gru_group_arrive(counter, tl.G, target);\n", "")
     return out
 
 

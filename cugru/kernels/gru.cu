@@ -762,13 +762,24 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
         stage = part + MR * 3 * JK;
         ring = stage + (C > 0 ? 2 * R * segs * J : 0);
     }
-    // grid scope: move on to group g
-    __device__ __forceinline__ void group(int g, int B, int H, int J, int R) {
-        b0 = g * R;
-        rows = min(R, B - b0);
-        mine = pi < rows && pu < H - j0;
-        j = mine ? j0 + pu : 0;
-        bm = mine ? b0 + pi : 0;
+    // run() for this block's group (block and cluster scope), or at grid scope for each
+    // group of its slot in turn: groups slot, slot + slots, ... (slots = gridDim.x / G)
+    template <typename F>
+    __device__ __forceinline__ void each_group(int B, int H, int J, int R, int groups, F& run) {
+        if constexpr (C > 0) {
+            run();
+        } else {
+            for (int g = blockIdx.x / G;;) {
+                run();
+                g += gridDim.x / G;
+                if (g >= groups) break;
+                b0 = g * R;
+                rows = min(R, B - b0);
+                mine = pi < rows && pu < H - j0;
+                j = mine ? j0 + pu : 0;
+                bm = mine ? b0 + pi : 0;
+            }
+        }
     }
     // the vector of step parity b (0 at grid scope), row i
     __device__ __forceinline__ T* row(int b, int i, int segs) const {
@@ -904,7 +915,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
     unsigned int* counter =
         C == 0 ? counters + d * (gridDim.x / tl.G) + blockIdx.x / tl.G : nullptr;
     unsigned int target = 0;
-    // one group of rows (tl.group): at grid scope each slot's groups in turn
+    // the step loop for one group of rows (tl.each_group below runs it)
     auto run = [&]() {
         const int j = tl.j;
         if (C > 0) {
@@ -996,16 +1007,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
         }
         if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
     };
-    if constexpr (C > 0) {
-        run();
-    } else {
-        for (int grp = blockIdx.x / tl.G;;) {
-            run();
-            grp += gridDim.x / tl.G;   // the slot's next group
-            if (grp >= groups) break;
-            tl.group(grp, B, H, J, R);
-        }
-    }
+    tl.each_group(B, H, J, R, groups, run);
 }
 
 template <typename T, int C, int Q, int MR, int NT, int U>
@@ -1013,8 +1015,8 @@ __device__ __forceinline__ void
 gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                       const T* __restrict__ hs, const T* __restrict__ w_hh,
                       const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
-                      T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H, int J, int KS,
-                      int R, unsigned int* counters, int G, int groups) {
+                      T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H,
+                      int J, int KS, int R, unsigned int* counters, int G, int groups) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
     GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 3, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
@@ -1025,7 +1027,7 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
     unsigned int* counter =
         C == 0 ? counters + d * (gridDim.x / tl.G) + blockIdx.x / tl.G : nullptr;
     unsigned int target = 0;
-    // one group of rows (tl.group): at grid scope each slot's groups in turn
+    // the step loop for one group of rows (tl.each_group below runs it)
     auto run = [&]() {
         const int j = tl.j;
         if (C > 0) {
@@ -1130,16 +1132,7 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
         if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;
         if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
     };
-    if constexpr (C > 0) {
-        run();
-    } else {
-        for (int grp = blockIdx.x / tl.G;;) {
-            run();
-            grp += gridDim.x / tl.G;   // the slot's next group
-            if (grp >= groups) break;
-            tl.group(grp, B, H, J, R);
-        }
-    }
+    tl.each_group(B, H, J, R, groups, run);
 }
 
 // The kernels: block and cluster scope (C >= 1; `counters` unused, G = C, groups = gridDim.x
