@@ -115,7 +115,9 @@ def fast_info(p, repeat=None):
                 "threads": gru.FAST_THREADS, "packs": "-"}
     regs = [gru._persist_kernel(name, smem).num_regs
             for name, smem in zip(names, (plan.smem_fwd, plan.smem_bwd))]
-    info.update({"scope": plan.scope, "blocks": plan.blocks * D, "units": plan.units,
+    back = gru.fast_plan(B, H, D, np.float32, backward=True)
+    scope = plan.scope if back == plan else f"{plan.scope} (backward: {back.scope})"
+    info.update({"scope": scope, "blocks": plan.blocks * D, "units": plan.units,
                  "smem": max(plan.smem_fwd, plan.smem_bwd), "regs": regs,
                  "h_bytes_per_step": moved})
     if repeat:
@@ -139,10 +141,11 @@ def fast_phases(p, plan, repeat):
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
     y, hn, hs, gates = gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan)
     saved = GruSaved(a["x"], a["w_ih"], a["w_hh"], hs, gates, False)
-    dgi, dgh, dh = gru._backward_recurrence(a["dy"], None, saved, dims, plan)
+    back = gru.fast_plan(B, H, D, np.float32, backward=True)   # (may differ from `plan`)
+    dgi, dgh, dh = gru._backward_recurrence(a["dy"], None, saved, dims, back)
     pieces = {"forward": lambda: gru._forward_gpu(a["x"], a["h0"], *w, dims, True, plan),
               "backward recurrence": lambda: gru._backward_recurrence(a["dy"], None, saved,
-                                                                      dims, plan),
+                                                                      dims, back),
               "backward tail": lambda: gru._backward_tail(saved, dgi, dgh, dims)}
     return {k: suite.gpu_time_us(fn, n_repeat=repeat) / 1e3 for k, fn in pieces.items()}
 

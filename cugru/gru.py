@@ -244,31 +244,35 @@ def _tile_split(B, H, D, tile, rows, itemsize):
                     0 if cluster else blocks)
 
 
-def _tile_rank(plan, D, clusters_at_once):
+def _tile_rank(plan, D, clusters_at_once, backward=False):
     """The order in which fast_plan prefers tile splits, from the measurements in
-    docs/performance.md (`python -m bench.gru --sweep`): fewest waves of clusters (groups run
-    at once only as far as the GPU holds their clusters), then the fewest rows the kernel
-    computes per group (a step's time grows with them), then one block over a cluster (no
-    exchange through distributed shared memory), then most weights per thread (fewer lanes:
-    fewer warps in the product and fewer lane sums to add), then most units per thread (fewer
-    shared-memory loads per multiply-add), then fewer threads, the smaller cluster, and the
-    most rows per group (fewer clusters busy)."""
+    docs/performance.md (`python -m bench.gru --sweep`): fewest waves of groups (groups run
+    at once only as far as the GPU holds their blocks), then the fewest rows the kernel
+    computes per group (a step's time grows with them), then the scope: one block first (no
+    exchange), then a cluster, then grid scope; for the backward pass grid scope before a
+    cluster (its backward was faster on S3 and S5, its forward slower). Then most weights
+    per thread (fewer lanes: fewer warps in the product and fewer lane sums to add), then
+    most units per thread (fewer shared-memory loads per multiply-add), then fewer threads,
+    the smaller cluster, and the most rows per group (fewer groups busy)."""
     waves = -(-(plan.groups * D) // max(1, clusters_at_once))
-    return (waves, plan.max_rows, plan.cluster > 1, -plan.packs * plan.per_thread,
+    scope = 0 if plan.cluster == 1 else (1 if (plan.cluster == 0) == backward else 2)
+    return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
             -plan.per_thread, plan.threads, plan.cluster, -plan.rows)
 
 
-def fast_plan(B, H, D, dtype):
-    """The fast path's split for batch B, hidden size H and D directions on the current GPU:
-    a TilePlan (block or cluster scope) where the tile kernels hold the shape, else a FastPlan
-    (grid scope), or None where neither fits (then path="auto" takes the per-step path)."""
+def fast_plan(B, H, D, dtype, backward=False):
+    """The fast path's split for batch B, hidden size H and D directions on the current GPU,
+    for the forward pass (or with `backward` the backward pass; both passes share every
+    buffer's layout, so they may take different splits): a TilePlan where the tile kernels
+    hold the shape, else a FastPlan (the earlier grid-scope kernels), or None where neither
+    fits (then path="auto" takes the per-step path)."""
     cp = _rt.cupy_module()
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str,
-                      cp.cuda.runtime.getDevice())
+                      cp.cuda.runtime.getDevice(), bool(backward))
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id):
+def _fast_plan(B, H, D, dtype, device_id, backward=False):
     cp = _rt.cupy_module()
     itemsize = np.dtype(dtype).itemsize
     dev = cp.cuda.Device(device_id)
@@ -279,13 +283,15 @@ def _fast_plan(B, H, D, dtype, device_id):
                           for tile in TILES[itemsize] if _rt.gru_tile_runs_on(tile, cc)
                           for r in range(1, tile[2] + 1))
               if p is not None and max(p.smem_fwd, p.smem_bwd) <= smem_limit]
-    # block and cluster scope first; grid scope where neither holds the shape
-    for scoped in ([p for p in splits if p.cluster], [p for p in splits if not p.cluster]):
+    # forward: block and cluster scope first, grid scope where neither holds the shape;
+    # backward: all ranked together
+    for scoped in ([splits] if backward else
+                   ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
         ranked = [(p, _clusters_at_once(p, dtype, device_id)) for p in scoped]
         ranked = [(p if p.cluster else dataclasses.replace(p, slots=min(p.groups, n // D)), n)
                   for p, n in ranked if p.cluster or n // D >= 1]
         if ranked:
-            return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1]))[0]
+            return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1], backward))[0]
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):
@@ -347,12 +353,12 @@ def _persist_kernel(name, shared_mem):
 _SMEM_SET = {}
 
 
-def _choose(path, B, H, D, dtype):
-    """The FastPlan to run, or None for the per-step path."""
+def _choose(path, B, H, D, dtype, backward=False):
+    """The plan to run (forward, or the backward pass), or None for the per-step path."""
     oracle.check_path(path)
     if path == "steps":
         return None
-    plan = fast_plan(B, H, D, dtype)
+    plan = fast_plan(B, H, D, dtype, backward)
     if path == "auto":
         if isinstance(plan, FastPlan) and B * 3 * H * H > FAST_AUTO_MAX_WORK:
             return None
@@ -404,7 +410,7 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     if xp is np:
         return oracle.gru_backward(dy, dh_n, saved)
     T, B, I, H, D = dims
-    return _backward_gpu(dy, dh_n, saved, dims, _choose(path, B, H, D, dy.dtype))
+    return _backward_gpu(dy, dh_n, saved, dims, _choose(path, B, H, D, dy.dtype, True))
 
 
 def _row_chunks(rows):

@@ -204,6 +204,18 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     assert_within(got, run(p, oracle), run(cast(p, np.float32), oracle), np.float32, OUT_NAMES)
 
 
+def test_backward_may_take_another_scope(cp, rng):
+    """At S3's H and batch the forward pass runs on 8-block clusters and the backward pass at
+    grid scope (faster there, docs/performance.md); the passes share every layout, so the
+    pair gives the oracle's results."""
+    fwd, bwd = (gru_module.fast_plan(64, 256, 1, np.float32, backward=b) for b in (False, True))
+    assert (fwd.scope, bwd.scope) == ("cluster", "grid")
+    assert gru_module.fast_plan(64, 128, 1, np.float32, backward=True).scope == "block"
+    p = problem(rng, 5, 64, 4, 256, False)
+    got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
+    _check(got, p, np.float32)
+
+
 def _run_plan(cp, monkeypatch, p, dtype, plan):
     """Forward and backward through the public functions with the fast path forced to `plan`."""
     monkeypatch.setattr(gru_module, "_choose", lambda *a: plan)
