@@ -19,7 +19,6 @@ DIR/gru-bench.json, DIR/gru-bench.md and DIR/gru-ratios.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -611,10 +610,9 @@ def tile_sweep(shape_ids, repeat):
             splits = [p for p in (gru._tile_split(B, H, D, tile, r, 4)
                                   for r in range(1, tile[2] + 1)) if p is not None]
             # (grid scope: as many groups at once as the GPU holds)
-            splits = [p if p.cluster else dataclasses.replace(
-                p, slots=min(p.groups, gru._clusters_at_once(p, "float32", dev) // D))
-                for p in splits]
-            splits = [p for p in splits if p.cluster or p.slots > 0]
+            splits = [gru._resident(p, D, gru._clusters_at_once(p, "float32", dev))
+                      for p in splits]
+            splits = [p for p in splits if p is not None]
             if not splits:
                 continue
             best = min(splits, key=lambda p: gru._tile_rank(

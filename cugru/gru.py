@@ -218,7 +218,8 @@ def _tile_split(B, H, D, tile, rows, itemsize):
         if H % v or lanes > GRID_MAX_LANES or threads // lanes == 0:
             return None   # (the vector moves in 16-byte packs)
         blocks = -(-H // (threads // lanes * per_thread))
-        units = -(-(-(-H // blocks)) // per_thread) * per_thread
+        units = -(-H // blocks)                      # then whole units per thread
+        units = -(-units // per_thread) * per_thread
         if (blocks - 1) * units >= H or units * rows > threads:
             return None
     else:
@@ -287,9 +288,9 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False):
     # backward: all ranked together
     for scoped in ([splits] if backward else
                    ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
-        ranked = [(p, _clusters_at_once(p, dtype, device_id)) for p in scoped]
-        ranked = [(p if p.cluster else dataclasses.replace(p, slots=min(p.groups, n // D)), n)
-                  for p, n in ranked if p.cluster or n // D >= 1]
+        ranked = [(_resident(p, D, n), n)
+                  for p, n in ((p, _clusters_at_once(p, dtype, device_id)) for p in scoped)]
+        ranked = [(p, n) for p, n in ranked if p is not None]
         if ranked:
             return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1], backward))[0]
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
@@ -298,6 +299,16 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False):
         if plan.blocks * D <= _resident_blocks(plan, dtype, device_id) * sms:
             return plan
     return None
+
+
+def _resident(plan, D, at_once):
+    """`plan` ready to launch when the GPU runs `at_once` of its groups together (over all D
+    directions): at grid scope with its slots per direction, or None where not even one
+    group per direction fits (a cooperative launch would be refused); other scopes as given."""
+    if plan.cluster:
+        return plan
+    slots = min(plan.groups, at_once // D)
+    return dataclasses.replace(plan, slots=slots) if slots >= 1 else None
 
 
 @functools.lru_cache(maxsize=256)

@@ -5,7 +5,6 @@ element no thread writes fails. Tolerance (float32): the kernels' error against 
 oracle may be at most twice the float32 oracle's error against it, plus a floor of 16 ulps of
 the output's scale. float64: 1e-11 of the scale (GEMM summation order is all that differs).
 """
-import dataclasses
 import os
 
 import numpy as np
@@ -252,7 +251,7 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
         if plan is None or plan.cluster:
             return plan
         n = gru_module._clusters_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
-        return dataclasses.replace(plan, slots=min(plan.groups, n // 2)) if n >= 2 else None
+        return gru_module._resident(plan, 2, n)
 
     holds = [H for H in range(1, 300 if tile[0] else 2100) if split(1, H, 1)]
     H = min(holds) if end == "low" else max(holds)

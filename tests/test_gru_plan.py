@@ -525,3 +525,17 @@ def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkey
     assert np.float32(got[3]) == np.float32(0.1) and got[4] == -2.5
     with pytest.raises(TypeError, match="not supported"):
         loop._pack((1.5,))
+
+
+def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
+    """_resident: a grid-scope plan gets as many slots per direction as groups fit at once
+    (at most one per group), none where not one group per direction fits; block and cluster
+    plans are left as they are."""
+    grid = gru_module._tile_split(64, 512, 2, (0, 4, 8, 256, 2), 8, 4)   # 8 groups of 32 blocks
+    assert grid.groups == 8 and grid.group_blocks == 32 and grid.slots == 0
+    assert gru_module._resident(grid, 2, 4).slots == 2
+    assert gru_module._resident(grid, 2, 100).slots == 8
+    assert gru_module._resident(grid, 2, 1) is None
+    assert gru_module._resident(grid, 2, 4).blocks == 2 * 32
+    block = gru_module._tile_split(64, 64, 1, (1, 4, 1, 256, 1), 1, 4)
+    assert gru_module._resident(block, 1, 0) is block
