@@ -37,7 +37,7 @@ SHAPES = {
     "S7": (500, 1, 64, 128, False), "S8": (100, 64, 512, 512, False),
     "S9": (100, 64, 1024, 1024, False), "S10": (50, 256, 512, 512, True),
 }
-MEMORY_SHAPES = ("S3", "S9")
+MEMORY_SHAPES = ("S3", "S9", "S10")
 CPU_SHAPES = ("S1", "S2")
 #: our implementations: label -> the path= they run (the first is the one ratios are of)
 OURS = {"fast": "fast", "steps": "steps"}

@@ -47,8 +47,12 @@ PLAIN_LAUNCH = False
 #: cuts it about WGRAD_CHUNKS-fold, with no extra memory and the same bits every run.
 WGRAD_CHUNKS = 8
 MIN_CHUNK_ROWS = 256
-#: up to this size of all chunks' partial results, the chunks run batched (see _weight_grads)
+#: the chunks run batched (see _weight_grads) while all chunks' partial results take at most
+#: WGRAD_PARTIAL_BYTES, or at most WGRAD_PARTIAL_DGI times the bytes of d_gate_i (the backward
+#: pass's largest buffer: its peak memory then grows by at most that much). Measured on S8-S10
+#: (docs/performance.md): batched, the tail took 12-25% less time.
 WGRAD_PARTIAL_BYTES = 32 << 20
+WGRAD_PARTIAL_DGI = 1
 #: threads per block of the persistent kernels (GRU_NT of kernels/gru.cu)
 FAST_THREADS = 256
 #: shared memory a block of the persistent kernels may use for staging the step's vector
@@ -434,8 +438,8 @@ def _weight_grads(loop, x, dgi, hs, dgh, dims):
     """S2 and S3: dW_ih, dW_hh, db_ih and db_hh, flat in one buffer in that order.
 
     Summed over the T*B rows in chunks (_row_chunks), each chunk summed on its own and the
-    chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES,
-    each piece is one GEMM batched over the chunks (two when the last chunk is shorter) and
+    chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
+    WGRAD_PARTIAL_DGI times dgi's bytes), each piece is one GEMM batched over the chunks (two when the last chunk is shorter) and
     gru_sum_chunks adds them up: few host calls. Beyond, each chunk's GEMMs add into the
     result (beta = 1), with no extra memory. The bias sums are GEMMs with a vector of ones.
     """
@@ -450,7 +454,8 @@ def _weight_grads(loop, x, dgi, hs, dgh, dims):
     grads = cp.empty(total, dt)
     chunks = _row_chunks(TB)
     ones = _ones(chunks[0][1], dt)
-    batched = len(chunks) * total * it <= WGRAD_PARTIAL_BYTES
+    batched = len(chunks) * total * it <= max(WGRAD_PARTIAL_BYTES,
+                                              WGRAD_PARTIAL_DGI * dgi.nbytes)
     if batched:
         per = chunks[0][1]
         nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1

@@ -7,11 +7,13 @@ CuPy is imported lazily, so ``import cukernels`` works on machines without it.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import numbers
 import pathlib
 import re
+import threading
 
 import numpy as np
 
@@ -158,12 +160,19 @@ def load_source(filename: str) -> str:
 
 # ----------------------------------------------------------------------------- CuPy side
 def cupy_module():
-    """The cupy module, or None where it is not installed."""
-    try:
-        import cupy
-    except ImportError:
-        return None
-    return cupy
+    """The cupy module, or None where it is not installed (looked up once: the fast path
+    asks for it several times per call)."""
+    global _CUPY
+    if _CUPY is None:
+        try:
+            import cupy
+        except ImportError:
+            return None
+        _CUPY = cupy
+    return _CUPY
+
+
+_CUPY = None
 
 
 def gpu_available() -> bool:
@@ -324,9 +333,44 @@ def zero_bytes(dst: int, nbytes: int) -> None:
 _SLOT_BITS = {
     np.int32: lambda v: int(v) & 0xFFFFFFFF,
     np.int64: lambda v: int(v) & 0xFFFFFFFFFFFFFFFF,
-    np.float32: lambda v: int(np.float32(v).view(np.uint32)),
-    np.float64: lambda v: int(np.float64(v).view(np.uint64)),
+    np.float32: lambda v: int(v.view(np.uint32)),
+    np.float64: lambda v: int(v.view(np.uint64)),
 }
+
+
+def _host_scalars(dtype):
+    """{0.0: address, 1.0: address} of host scalars of `dtype` for cuBLAS' alpha and beta,
+    made once and kept (reading an array's .ctypes.data costs microseconds per call)."""
+    got = _HOST_SCALARS.get(dtype)
+    if got is None:
+        arrays = [np.array(v, dtype=dtype) for v in (0.0, 1.0)]
+        got = _HOST_SCALARS[dtype] = {float(a): a.ctypes.data for a in arrays}
+        _HOST_SCALARS_KEPT.extend(arrays)
+    return got
+
+
+_HOST_SCALARS = {}
+_HOST_SCALARS_KEPT = []
+
+
+def _slot_values(args):
+    """The 8-byte parameter slot of each kernel argument, as an int (see _SLOT_BITS)."""
+    nd = cupy_module().ndarray
+    values = []
+    for a in args:
+        bits = _SLOT_BITS.get(type(a))
+        if bits is not None:
+            values.append(bits(a))
+        elif isinstance(a, nd):
+            values.append(a.data.ptr)
+        else:
+            raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
+    return values
+
+
+#: per thread, one pair of parameter arrays of _PACKED_SLOTS slots (StepLoop._pack_shared)
+_PACKED = threading.local()
+_PACKED_SLOTS = 64
 
 
 class StepLoop:
@@ -342,7 +386,6 @@ class StepLoop:
     """
 
     def __init__(self, dtype, *, plain=False):
-        import ctypes
         cp = cupy_module()
         from cupy_backends.cuda.libs import cublas
         self._ctypes = ctypes
@@ -352,48 +395,60 @@ class StepLoop:
         self.plain = plain
         self._gemm = (cublas.sgemmStridedBatched if self.dtype == np.float32
                       else cublas.dgemmStridedBatched)
-        self._scalars = {v: np.array(v, dtype=self.dtype) for v in (0.0, 1.0)}
-        self.handle = cp.cuda.device.get_cublas_handle()
+        self._scalars = _host_scalars(self.dtype)
+        self.handle = None    # (cuBLAS' handle and pointer mode: at the first gemm)
         self.stream = cp.cuda.get_current_stream().ptr
         self._launch_kernel = cp.cuda.driver.launchKernel
         self._mode = None
 
     def __enter__(self):
-        self._mode = self._cublas.getPointerMode(self.handle)
-        self._cublas.setPointerMode(self.handle, self._cublas.CUBLAS_POINTER_MODE_HOST)
         return self
 
     def __exit__(self, *exc):
-        self._cublas.setPointerMode(self.handle, self._mode)
+        if self._mode is not None:
+            self._cublas.setPointerMode(self.handle, self._mode)
+            self._mode = None
         return False
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
         addresses (ints), strides in elements."""
         cb = self._cublas
+        if self._mode is None:
+            self.handle = cupy_module().cuda.device.get_cublas_handle()
+            self._mode = cb.getPointerMode(self.handle)
+            cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
         self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
                    cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
-                   self._scalars[1.0].ctypes.data, A, lda, sA, B, ldb, sB,
-                   self._scalars[float(beta)].ctypes.data, C, ldc, sC, batch)
+                   self._scalars[1.0], A, lda, sA, B, ldb, sB,
+                   self._scalars[float(beta)], C, ldc, sC, batch)
 
     def _pack(self, args):
         """The kernel parameter array for `args`: each value in an 8-byte slot of one ctypes
         array (little-endian: a 4-byte argument is read from the slot's low bytes), and the
         array of the slots' addresses. Returns (slots, params); keep both alive."""
-        cp = cupy_module()
         ct = self._ctypes
         n = len(args)
-        slots = (ct.c_uint64 * n)()
-        for k, a in enumerate(args):
-            if isinstance(a, cp.ndarray):
-                slots[k] = a.data.ptr
-            elif type(a) in _SLOT_BITS:
-                slots[k] = _SLOT_BITS[type(a)](a)
-            else:
-                raise TypeError(f"kernel argument of type {type(a).__name__} is not supported")
+        slots = (ct.c_uint64 * n)(*_slot_values(args))
         base = ct.addressof(slots)
         params = (ct.c_void_p * n)(*range(base, base + 8 * n, 8))
         return slots, params
+
+    def _pack_shared(self, args):
+        """As _pack, into this thread's one pair of arrays (made once: building ctypes arrays
+        costs microseconds), for a launch that copies its arguments before the next pack."""
+        n = len(args)
+        pair = getattr(_PACKED, "pair", None)
+        if n > _PACKED_SLOTS:
+            return self._pack(args)
+        if pair is None:
+            ct = self._ctypes
+            slots = (ct.c_uint64 * _PACKED_SLOTS)()
+            base = ct.addressof(slots)
+            pair = _PACKED.pair = (slots, (ct.c_void_p * _PACKED_SLOTS)(
+                *range(base, base + 8 * _PACKED_SLOTS, 8)))
+        pair[0][:n] = _slot_values(args)
+        return pair
 
     @staticmethod
     def _dims(grid, block):
@@ -429,7 +484,7 @@ class StepLoop:
         grid that does not fit), as a kernel with a barrier across blocks needs."""
         cp = cupy_module()
         grid, block = self._dims(grid, block)
-        slots, params = self._pack(args)
+        slots, params = self._pack_shared(args)
         address = self._ctypes.addressof(params)
         if cooperative:
             cp.cuda.driver.launchCooperativeKernel(func.kernel.ptr, *grid, *block, shared_mem,
@@ -437,7 +492,7 @@ class StepLoop:
         else:
             self._launch_kernel(func.kernel.ptr, *grid, *block, shared_mem, self.stream,
                                 address, 0)
-        del slots, params   # the launch has copied the arguments
+        # (the launch has copied the arguments: the next pack may reuse the arrays)
 
 
 # ---------------------------------------------------------------------- argument checks

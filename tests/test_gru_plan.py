@@ -387,6 +387,7 @@ def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, 
                                            batched):
     if not batched:
         monkeypatch.setattr(gru_module, "WGRAD_PARTIAL_BYTES", 0)
+        monkeypatch.setattr(gru_module, "WGRAD_PARTIAL_DGI", 0)
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     dev = host_device
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
@@ -507,8 +508,9 @@ def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):
 
 
 def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkeypatch):
-    """StepLoop._pack (no GPU): every parameter address points at the argument's bytes, as
-    cuLaunchKernel copies them: a device pointer, int32, int64, float32 and float64."""
+    """StepLoop._pack and _pack_shared (no GPU): every parameter address points at the
+    argument's bytes, as cuLaunchKernel copies them: a device pointer, int32, int64, float32
+    and float64; the shared arrays are reused by the next pack."""
     fake = types.SimpleNamespace(ndarray=DevArray)
     monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
     loop = _rt.StepLoop.__new__(_rt.StepLoop)
@@ -516,15 +518,21 @@ def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkey
     arr = np.zeros(3).view(DevArray)
     args = (arr, np.int32(-7), np.int64(-(1 << 40)), np.float32(0.1), np.float64(-2.5),
             np.int32(123456))
-    slots, params = loop._pack(args)
     read = [ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double,
             ctypes.c_int32]
-    got = [t.from_address(params[k]).value for k, t in enumerate(read)]
-    assert got[0] == arr.data.ptr
-    assert got[1:3] == [-7, -(1 << 40)] and got[5] == 123456
-    assert np.float32(got[3]) == np.float32(0.1) and got[4] == -2.5
-    with pytest.raises(TypeError, match="not supported"):
-        loop._pack((1.5,))
+    shared = []
+    for pack in (loop._pack, loop._pack_shared, loop._pack_shared):
+        slots, params = pack(args)
+        got = [t.from_address(params[k]).value for k, t in enumerate(read)]
+        assert got[0] == arr.data.ptr
+        assert got[1:3] == [-7, -(1 << 40)] and got[5] == 123456
+        assert np.float32(got[3]) == np.float32(0.1) and got[4] == -2.5
+        if pack == loop._pack_shared:
+            shared.append(ctypes.addressof(params))
+    assert shared[0] == shared[1]
+    for pack in (loop._pack, loop._pack_shared):
+        with pytest.raises(TypeError, match="not supported"):
+            pack((1.5,))
 
 
 def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
