@@ -383,6 +383,7 @@ def run(shape_ids, repeat, cpu=True):
         p = make_problem(T, B, I, H, bi)
         row = {"id": sid, "shape": [T, B, I, H, bi], "train": {}, "infer": {}, "host": {}}
         row["fast"] = fast_info(p, repeat)
+        row["auto"] = auto_paths(B, H, 2 if bi else 1)
         for label, path in OURS.items():
             if path == "fast" and row["fast"] is None:
                 continue
@@ -408,6 +409,49 @@ def run(shape_ids, repeat, cpu=True):
         rows.append(row)
         print(f"  {sid}: {row['train']}", file=sys.stderr, flush=True)
     return rows
+
+
+def auto_paths(B, H, D):
+    """What path="auto" runs in float32 on this GPU: [forward, backward], each "fast" or
+    "steps" (the labels of OURS)."""
+    from cugru import gru
+    return ["steps" if gru._choose("auto", B, H, D, np.float32, back) is None else "fast"
+            for back in (False, True)]
+
+
+def _auto_table(rows, bases):
+    """path="auto" against the baselines: the times of the path it takes in both passes
+    (a shape where the passes take different paths has no row), the ratios, their geomeans
+    and the shapes below 1x."""
+    lines = ["| id | auto takes | train (ms) | " + " | ".join(f"{b} / auto" for b in bases)
+             + " | inference (ms) | " + " | ".join(f"{b} / auto" for b in bases) + " |",
+             "|---|---|---|" + "---|" * len(bases) + "---|" + "---|" * len(bases)]
+    got = {(k, b): [] for k in ("train", "infer") for b in bases}
+    below = []
+    for r in rows:
+        fwd, bwd = r.get("auto", (None, None))
+        if fwd is None or fwd != bwd or fwd not in r["train"]:
+            continue
+        cells = [r["id"], f"{fwd}"]
+        for kind in ("train", "infer"):
+            ours = r[kind][fwd]
+            cells.append(f"{ours:.3f}")
+            for b in bases:
+                t = r[kind].get(b)
+                v = t / ours if t else None
+                got[kind, b].append(v)
+                cells.append("-" if v is None else f"{v:.2f}x")
+                if v is not None and v < 1 and b == bases[0]:
+                    below.append(f"{r['id']} {'train' if kind == 'train' else 'inference'} "
+                                 f"{v:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    cells = ["geomean", ""]
+    for kind in ("train", "infer"):
+        cells.append("")
+        cells += [f"{geomean(got[kind, b]):.2f}x" for b in bases]
+    lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Below 1x against {bases[0]}: " + (", ".join(below) or "none") + "."]
+    return lines
 
 
 def geomean(values):
@@ -460,6 +504,10 @@ def markdown(rows, device, limits=None):
     lines += _table(rows, "train", bases)
     lines += ["", "### Inference (forward only, no history kept)", ""]
     lines += _table(rows, "infer", bases[:2])
+    lines += ["", "### path='auto' (what a user gets by default) against cuDNN", "",
+              "Per shape the path path='auto' takes in both passes on this GPU, its times from "
+              "the tables above, and the ratios to cuDNN.", ""]
+    lines += _auto_table(rows, bases[:2])
     fast = [r for r in rows if r.get("fast")]
     if fast:
         lines += ["", "### The fast path per shape", "",
@@ -564,12 +612,14 @@ def plot(rows, path):
               ("infer", "cuDNN TF32")]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(series)
+    def ours(r):   # the path path="auto" takes in both passes (else the first of OURS)
+        a = r.get("auto") or [None, None]
+        return a[0] if a[0] == a[1] and a[0] in r["train"] else next(iter(OURS))
     for k, (kind, base) in enumerate(series):
-        o = next(iter(OURS))
-        vals = [r[kind][base] / r[kind][o] if base in r[kind] and o in r[kind] else 0
-                for r in rows]
+        vals = [r[kind][base] / r[kind][ours(r)] if base in r[kind] and ours(r) in r[kind]
+                else 0 for r in rows]
         ax.bar([i + (k - 1.5) * width for i in range(len(ids))], vals, width,
-               label=f"{kind}: {base} / ours ({o})")
+               label=f"{kind}: {base} / ours (path='auto')")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(ids)), ids)

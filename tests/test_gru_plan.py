@@ -547,3 +547,25 @@ def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
     assert gru_module._resident(grid, 2, 4).blocks == 2 * 32
     block = gru_module._tile_split(64, 64, 1, (1, 4, 1, 256, 1), 1, 4)
     assert gru_module._resident(block, 1, 0) is block
+
+
+def test_bench_auto_table_takes_the_path_of_both_passes():
+    """bench.gru's path='auto' table: a shape's ratios are of the times of the path auto
+    takes in both passes, a shape whose passes take different paths has no row, and the
+    shapes below 1x against the first baseline are listed."""
+    from bench import gru as bench_gru
+    rows = [{"id": "A", "train": {"fast": 0.5, "steps": 2.0, "x": 1.0, "y": 0.25},
+             "infer": {"fast": 0.2, "steps": 1.0, "x": 0.1, "y": 0.4}, "auto": ["fast", "fast"]},
+            {"id": "B", "train": {"fast": 9.0, "steps": 4.0, "x": 8.0, "y": 4.0},
+             "infer": {"fast": 3.0, "steps": 2.0, "x": 4.0, "y": 1.0},
+             "auto": ["steps", "steps"]},
+            {"id": "C", "train": {"fast": 1.0, "steps": 1.0, "x": 1.0, "y": 1.0},
+             "infer": {"fast": 1.0, "steps": 1.0, "x": 1.0, "y": 1.0},
+             "auto": ["fast", "steps"]}]
+    lines = bench_gru._auto_table(rows, ["x", "y"])
+    body = [ln for ln in lines if ln.startswith("| A") or ln.startswith("| B")
+            or ln.startswith("| C")]
+    assert body == ["| A | fast | 0.500 | 2.00x | 0.50x | 0.200 | 0.50x | 2.00x |",
+                    "| B | steps | 4.000 | 2.00x | 1.00x | 2.000 | 2.00x | 0.50x |"]
+    assert "| geomean |  |  | 2.00x | 0.71x |  | 1.00x | 1.00x |" in lines
+    assert lines[-1] == "Below 1x against x: A inference 0.50x."
