@@ -257,12 +257,14 @@ def _tile_rank(plan, D, clusters_at_once, backward=False):
     exchange), then a cluster, then grid scope; for the backward pass grid scope before a
     cluster (its backward was faster on S3 and S5, its forward slower). Then most weights
     per thread (fewer lanes: fewer warps in the product and fewer lane sums to add), then
-    most units per thread (fewer shared-memory loads per multiply-add), then fewer threads,
-    the smaller cluster, and the most rows per group (fewer groups busy)."""
+    two units per thread before one or four (a pack loaded from shared memory serves two
+    units; the sweeps put 4 packs x 2 units ahead of 2 x 4 on S1 in both passes, and ahead
+    of 8 x 1 in S2's, S4's and S7's backward), then fewer threads, the smaller cluster, and
+    the most rows per group (fewer groups busy)."""
     waves = -(-(plan.groups * D) // max(1, clusters_at_once))
     scope = 0 if plan.cluster == 1 else (1 if (plan.cluster == 0) == backward else 2)
     return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
-            -plan.per_thread, plan.threads, plan.cluster, -plan.rows)
+            abs(plan.per_thread - 2), plan.threads, plan.cluster, -plan.rows)
 
 
 def fast_plan(B, H, D, dtype, backward=False):
