@@ -54,6 +54,10 @@ def test_training_lowers_the_loss_with_every_optimizer(optimizer):
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     assert r["history"][1][0] < r["history"][0][0]
     assert r["accuracy"] > 0.6
+    # the epoch time reported is the median after the first (here: the second epoch's)
+    assert len(r["epoch_seconds"]) == 2 and min(r["epoch_seconds"]) > 0
+    assert r["seconds_per_epoch"] == r["epoch_seconds"][1]
+    assert r["seconds"] >= sum(r["epoch_seconds"])
 
 
 def test_training_is_repeatable():
