@@ -442,8 +442,8 @@ def _weight_grads(loop, x, dgi, hs, dgh, dims):
     Summed over the T*B rows in chunks (_row_chunks), each chunk summed on its own and the
     chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
     WGRAD_PARTIAL_DGI times dgi's bytes), each piece is one GEMM batched over the chunks (two
-    when the last chunk is shorter) and gru_sum_chunks adds them up: few host calls. Beyond, each chunk's GEMMs add into the
-    result (beta = 1), with no extra memory. The bias sums are GEMMs with a vector of ones.
+    when the last chunk is shorter) and gru_sum_chunks adds them up: few host calls. Beyond,
+    each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums are GEMMs with a vector of ones.
     """
     cp = _rt.cupy_module()
     T, B, I, H, D = dims
