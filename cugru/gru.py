@@ -443,7 +443,8 @@ def _weight_grads(loop, x, dgi, hs, dgh, dims):
     chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
     WGRAD_PARTIAL_DGI times dgi's bytes), each piece is one GEMM batched over the chunks (two
     when the last chunk is shorter) and gru_sum_chunks adds them up: few host calls. Beyond,
-    each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums are GEMMs with a vector of ones.
+    each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums
+    are GEMMs with a vector of ones.
     """
     cp = _rt.cupy_module()
     T, B, I, H, D = dims
