@@ -180,9 +180,13 @@ def _zero_weights(cp, H, I):
 
 
 def test_fast_plan_scopes_limits_and_fallback(cp, rng):
-    # one block per batch group while a direction's weights fit one block's registers, a
-    # cluster while they fit a cluster's, a barrier across blocks beyond
-    assert gru_module.fast_plan(1, 128, 1, np.float32).scope == "block"
+    # one block per batch group while a direction's weights fit a block of 256 threads, a
+    # cluster while they fit a cluster's (512-thread blocks where clusters take more waves),
+    # a barrier across blocks beyond
+    assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
+    assert gru_module.fast_plan(1, 65, 1, np.float32).scope == "cluster"
+    assert gru_module.fast_plan(1, 128, 1, np.float32).tile == (2, 4, 1, 256, 2)   # S7
+    assert gru_module.fast_plan(64, 128, 2, np.float32).tile == (1, 4, 1, 512, 2)  # S4
     assert gru_module.fast_plan(1, 160, 1, np.float32).scope == "cluster"
     assert gru_module.fast_plan(1, 64, 1, np.float64).scope == "block"
     assert gru_module.fast_plan(1, 65, 1, np.float64).scope == "cluster"
@@ -203,13 +207,17 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     assert_within(got, run(p, oracle), run(cast(p, np.float32), oracle), np.float32, OUT_NAMES)
 
 
-def test_backward_may_take_another_scope(cp, rng):
-    """At S3's H and batch the forward pass runs on 8-block clusters and the backward pass at
-    grid scope (faster there, docs/performance.md); the passes share every layout, so the
-    pair gives the oracle's results."""
-    fwd, bwd = (gru_module.fast_plan(64, 256, 1, np.float32, backward=b) for b in (False, True))
-    assert (fwd.scope, bwd.scope) == ("cluster", "grid")
-    assert gru_module.fast_plan(64, 128, 1, np.float32, backward=True).scope == "block"
+def test_backward_may_take_another_scope(cp, rng, monkeypatch):
+    """The passes share every layout, so the backward pass may take another split than the
+    forward pass: here an 8-block cluster forward and grid scope backward at S3's H and
+    batch, and the pair gives the oracle's results."""
+    fwd = gru_module.fast_plan(64, 256, 1, np.float32)
+    assert fwd.scope == "cluster"
+    grid = [gru_module._resident(p, 1, 16) for p in (
+        gru_module._tile_split(64, 256, 1, tile, tile[2], 4) for tile in gru_module.TILES[4]
+        if tile[0] == 0) if p is not None][0]
+    monkeypatch.setattr(gru_module, "_choose",
+                        lambda path, B, H, D, dtype, backward=False: grid if backward else fwd)
     p = problem(rng, 5, 64, 4, 256, False)
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
     _check(got, p, np.float32)

@@ -523,8 +523,8 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
 // How the new values reach every block of the group:
 //    block    into the other buffer of the vector (double-buffered by step parity); the warps
 //             without pointwise steps wait only for the new values (barriers 1 and 2 below);
-//    cluster  through the exchange below (distributed shared memory and mbarriers, no
-//             cluster-wide barrier per step), also double-buffered;
+//    cluster  through the exchange below (st.async into the other blocks' shared memory,
+//             counted on mbarriers; no cluster-wide barrier per step), also double-buffered;
 //    grid     into hs (forward) or dgh (backward) in global memory, which are the outputs
 //             anyway; each block then arrives at the group's counter, and at the next step
 //             waits for the others and copies the group's rows from L2 into its vector (one
@@ -566,46 +566,80 @@ __device__ __forceinline__ void gru_smem_pack(const T* p, T (&v)[Pack16<T>::N]) 
     for (int e = 0; e < Pack16<T>::N; ++e) v[e] = s[e];
 }
 
-// Cluster scope without a cluster-wide barrier per step. The pointwise step writes the block's
-// new values (its units, its rows) into a local stage (double-buffered by step parity); after
-// __syncthreads, warp 0 pushes the stage into exchange buffer b of every block of the cluster
-// with 16-byte stores to distributed shared memory, lane l serving block l % C, and each lane
-// then arrives (release, cluster scope) on mbarrier b of the block it served. Every block has
-// two mbarriers, one per exchange buffer; a phase completes after 32 arrivals (32 / C lanes
-// from each of the C blocks), and a block waits (acquire) for it before reading the buffer.
-// Buffer b is rewritten only two steps later, after every block's __syncthreads following its
-// reads and its pushes' arrivals: the two buffers (and mbarriers) alternate by step.
+// Cluster scope without a cluster-wide barrier per step. Every block holds two exchange
+// buffers (the vector of even and of odd steps) and one mbarrier per buffer. The pointwise
+// threads store their new values into their own block's buffer; each warp with pointwise steps
+// then arrives on its block's mbarrier (release, after __syncwarp) and sends its 16-byte packs
+// into the same buffer of every other block with st.async, whose bytes count off the
+// receiving block's mbarrier as they land (complete_tx). A phase of a block's mbarrier
+// completes once its own pointwise warps have arrived, its thread 0 has armed it (one arrival
+// declaring the bytes the other blocks send: gru_exchange_arm) and those bytes have landed;
+// every thread waits for it (acquire) before reading the buffer. So no fence and no
+// block-wide barrier lies between a value's store and its use in another block.
+// Buffer b is written again two steps later. The values of that step need those of the step
+// in between from every block, which a block makes only after its product has read buffer
+// b: the two buffers (and mbarriers) alternate by step without further waits.
 __device__ __forceinline__ unsigned int gru_smem_addr(const void* p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }
 
-template <int C> __device__ __forceinline__ void gru_exchange_init(unsigned long long* bars) {
+// thread 0 arms the next phase of mbarrier b: its arrival, and `bytes` to come from the others
+template <int C>
+__device__ __forceinline__ void gru_exchange_arm(unsigned long long* bars, int b,
+                                                 unsigned int bytes) {
+#if __CUDA_ARCH__ >= 900
+    if (C > 1 && threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(gru_smem_addr(bars + b)), "r"(bytes) : "memory");
+#endif
+}
+
+// both mbarriers, each phase waiting for the pointwise warps (pw threads) and thread 0, armed
+// for the first phase; a cluster barrier must follow before any block sends
+template <int C>
+__device__ __forceinline__ void gru_exchange_init(unsigned long long* bars, int pw,
+                                                  unsigned int bytes) {
 #if __CUDA_ARCH__ >= 900
     if (C > 1 && threadIdx.x == 0) {
         for (int b = 0; b < 2; ++b)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                         ::"r"(gru_smem_addr(bars + b)), "r"(32) : "memory");
+                         ::"r"(gru_smem_addr(bars + b)), "r"(1 + pw / 32) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int b = 0; b < 2; ++b) gru_exchange_arm<C>(bars, b, bytes);
     }
 #endif
 }
 
-// a 16-byte pack into the shared memory of block `rank` of the cluster, at the address
-// `local` has in this block
+// the bytes a block of the cluster receives per step from the others: `rows` rows of `segs`
+// segments of the HP packed values, less its own J (or fewer, past HP) from column j0
 template <typename T>
-__device__ __forceinline__ void gru_store_remote16(T* local, int rank, const T* v) {
+__device__ __forceinline__ unsigned int gru_exchange_bytes(int rows, int segs, int J, int j0,
+                                                           int HP) {
+    return (unsigned int)(rows * segs * (HP - max(0, min(J, HP - j0))) * (int)sizeof(T));
+}
+
+// a 16-byte pack into the shared memory of block `rank` of the cluster, at the address
+// `local` has in this block, counted off that block's mbarrier at the address of `bar`
+template <typename T>
+__device__ __forceinline__ void gru_send16(T* local, int rank, const T* v,
+                                           unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
-    unsigned int ra;
+    unsigned int ra, rb;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                  : "=r"(ra) : "r"(gru_smem_addr(local)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(rb) : "r"(gru_smem_addr(bar)), "r"(rank));
     if (sizeof(T) == 4) {
         const float* f = reinterpret_cast<const float*>(v);
-        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};"
-                     ::"r"(ra), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3]) : "memory");
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32"
+                     " [%0], {%1, %2, %3, %4}, [%5];"
+                     ::"r"(ra), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3]), "r"(rb)
+                     : "memory");
     } else {
         const double* f = reinterpret_cast<const double*>(v);
-        asm volatile("st.shared::cluster.v2.f64 [%0], {%1, %2};"
-                     ::"r"(ra), "d"(f[0]), "d"(f[1]) : "memory");
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f64"
+                     " [%0], {%1, %2}, [%3];"
+                     ::"r"(ra), "d"(f[0]), "d"(f[1]), "r"(rb) : "memory");
     }
 #endif
 }
@@ -614,51 +648,53 @@ __device__ __forceinline__ void gru_store_remote16(T* local, int rank, const T* 
 // (the first pw threads, whole warps) have written them into the vector. Those warps arrive
 // at barrier 1 right after writing (gru_values_written) and go on to their global stores and
 // loads; the other warps wait at barrier 1 and start the next product. The pointwise warps
-// then wait for each other at barrier 2 (in gru_exchange_done). (Barrier 0 is __syncthreads.)
-template <int C, int NT> __device__ __forceinline__ void gru_values_written(int pw) {
-    if (C == 1 && (int)threadIdx.x < pw) asm volatile("bar.arrive 1, %0;" ::"n"(NT) : "memory");
-}
-
-// The end of a step that wrote its values into `stage` (rows x segs x J, segment g of row i at
-// (i*segs + g)*J): push them into exchange buffer b of every block (row i, segment g at
-// dst + i*ld + g*gstride + j0) and arrive; with C = 1 the values are already in place and
-// the step ends at barrier 1 or 2 (above). J and j0 are multiples of the pack; packs past HP
-// are not sent.
+// then wait for each other at barrier 2 (gru_step_end). (Barrier 0 is __syncthreads.)
+// A cluster (C > 1): every thread of the pointwise warps calls gru_values_written once its
+// values are in exchange buffer b of its block (row i, segment g, unit j at dst + i*ld +
+// g*gstride + j): its warp arrives on mbarrier b and sends the packs its threads wrote to
+// every other block. Thread t of these warps has row t / J, unit j0 + t % J (J and j0 are
+// multiples of the pack); packs at or past HP are not sent.
 template <typename T, int C, int NT>
-__device__ __forceinline__ void gru_exchange_done(unsigned long long* bars, int b, T* dst,
-                                                  int ld, int gstride, const T* stage,
-                                                  int rows, int segs, int J, int j0, int HP,
-                                                  int pw) {
-    if (C == 1) {
-        if ((int)threadIdx.x < pw) asm volatile("bar.sync 2, %0;" ::"r"(pw) : "memory");
-        else asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
-        return;
-    }
-    __syncthreads();
+__device__ __forceinline__ void gru_values_written(int pw, unsigned long long* bars, int b,
+                                                   T* dst, int ld, int gstride, int rows,
+                                                   int segs, int J, int j0, int HP) {
+    if (C == 1 && (int)threadIdx.x < pw) asm volatile("bar.arrive 1, %0;" ::"n"(NT) : "memory");
 #if __CUDA_ARCH__ >= 900
-    if (C > 1 && threadIdx.x < 32) {
-        constexpr int V = Pack16<T>::N;
-        const int lane = threadIdx.x, rank = lane % C;
-        const int npk = min(J, HP - j0) / V, total = rows * segs * npk;
-        for (int idx = lane / C; idx < total; idx += 32 / C) {
-            const int row = idx / npk, pk = idx - row * npk;       // row = i*segs + g
-            const int i = row / segs, g = row - i * segs;
+    if (C > 1 && (int)threadIdx.x < pw) {
+        constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
+        const int lane = threadIdx.x & 31, t0 = threadIdx.x - lane;
+        __syncwarp();
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                         ::"r"(gru_smem_addr(bars + b)) : "memory");
+        const int rank = gru_cluster_rank<C>();
+        // (pack, segment, other block) triples, a lane each in turn; pack p of the warp holds
+        // the values of its threads p*V .. p*V + V-1
+        for (int idx = lane; idx < NP * segs * (C - 1); idx += 32) {
+            const int p = idx % NP, rest = idx / NP, g = rest % segs;
+            const int t = t0 + p * V, i = t / J, u = t - i * J;
+            if (i >= rows || j0 + u >= HP) continue;
+            T* at = dst + i * ld + g * gstride + j0 + u;
             T v[V];
-            gru_smem_pack(stage + row * J + pk * V, v);
-            gru_store_remote16(dst + i * ld + g * gstride + j0 + pk * V, rank, v);
+            gru_smem_pack(at, v);
+            gru_send16(at, (rank + 1 + rest / segs) % C, v, bars + b);
         }
-        unsigned int ra;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                     : "=r"(ra) : "r"(gru_smem_addr(bars + b)), "r"(rank));
-        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];"
-                     ::"r"(ra) : "memory");
     }
 #endif
 }
 
-// before reading exchange buffer b as written in the pass's step number `it` - 1 (it >= 1)
-template <int C> __device__ __forceinline__ void gru_exchange_wait(unsigned long long* bars,
-                                                                   int b, int it) {
+// the end of a step at block scope: the pointwise warps wait for each other (see above)
+template <int C, int NT> __device__ __forceinline__ void gru_step_end(int pw) {
+    if (C != 1) return;
+    if ((int)threadIdx.x < pw) asm volatile("bar.sync 2, %0;" ::"r"(pw) : "memory");
+    else asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+}
+
+// before reading exchange buffer b as written in the pass's step number `it` - 1 (it >= 1);
+// thread 0 then arms its next phase
+template <int C>
+__device__ __forceinline__ void gru_exchange_wait(unsigned long long* bars, int b, int it,
+                                                  unsigned int bytes) {
 #if __CUDA_ARCH__ >= 900
     if (C > 1) {
         const unsigned int a = gru_smem_addr(bars + b), parity = ((it - 1) >> 1) & 1;
@@ -669,6 +705,7 @@ template <int C> __device__ __forceinline__ void gru_exchange_wait(unsigned long
                          "\n\tselp.u32 %0, 1, 0, p;\n\t}"
                          : "=r"(done) : "r"(a), "r"(parity) : "memory");
         } while (!done);
+        gru_exchange_arm<C>(bars, b, bytes);
     }
 #endif
 }
@@ -720,10 +757,10 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 }
 
 // The block's roles and its shared memory: [16 B: two mbarriers][vec: NV][MR][segs*HS]
-// [part: MR][3][J*KS][stage: NS][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is
-// 1 forward (h) and 3 backward (d_gate_h), ring the values a pointwise step reads ahead
-// (3 forward, 6 backward), NV = 2 and NS = 2 at block and cluster scope (double-buffered), NV
-// = 1 and NS = 0 at grid scope; forward, the biases of the block's units follow ([6][J]).
+// [part: MR][3][J*KS][ring: GRU_TILE_AHEAD][R][ring][J], where segs is 1 forward (h) and 3
+// backward (d_gate_h), ring the values a pointwise step reads ahead (3 forward, 6 backward),
+// NV = 2 at block and cluster scope (the exchange buffers of even and odd steps), NV = 1 at
+// grid scope; forward, the biases of the block's units follow ([6][J]).
 template <typename T, int C, int Q, int MR, int U> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
@@ -734,7 +771,7 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
     int pu, pi, j, bm;  // the pointwise step: unit pu, row pi; j = j0 + pu, row bm of the batch
     bool mine;          //   this thread has a pointwise step
     int pw;             // the threads of the warps with pointwise steps (whole warps)
-    T *vec, *part, *stage, *ring;
+    T *vec, *part, *ring;
     // block c = blockIdx.x % G of group blockIdx.x / G
     __device__ __forceinline__ GruTile(unsigned char* smem, int B, int H, int J, int KS, int R,
                                        int segs, int G_) {
@@ -759,8 +796,7 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
         bm = mine ? b0 + pi : 0;
         vec = reinterpret_cast<T*>(smem + 16);
         part = vec + (C > 0 ? 2 : 1) * MR * segs * HS;
-        stage = part + MR * 3 * JK;
-        ring = stage + (C > 0 ? 2 * R * segs * J : 0);
+        ring = part + MR * 3 * JK;
     }
     // run() for this block's group (block and cluster scope), or at grid scope for each
     // group of its slot in turn: groups slot, slot + slots, ... (slots = gridDim.x / G)
@@ -918,6 +954,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
     // the step loop for one group of rows (tl.each_group below runs it)
     auto run = [&]() {
         const int j = tl.j;
+        const unsigned int xbytes = C > 1 ? gru_exchange_bytes<T>(tl.rows, 1, J, tl.j0, HP) : 0;
         if (C > 0) {
             for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
                 const int i = idx / HS, k = idx - i * HS;
@@ -925,7 +962,6 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                                   ? hs[(long long)d * S * BH + (long long)(tl.b0 + i) * H + k]
                                   : T(0);
             }
-            for (int idx = threadIdx.x; idx < 2 * R * J; idx += NT) tl.stage[idx] = T(0);
         }
         // The pointwise thread's addresses: a step's rows start at an address the same for
         // the whole block (time t: y + t*B*D*H, gi + t*B*D*3H; step s: gates +
@@ -949,7 +985,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
 #pragma unroll 1
         for (int s = 0; s < (C > 0 ? GRU_TILE_AHEAD : GRU_TILE_AHEAD - 1); ++s) fetch(s);
         if (C > 0) {
-            gru_exchange_init<C>(bars);
+            gru_exchange_init<C>(bars, tl.pw, xbytes);
             gru_cluster_barrier<C>();   // every block of the cluster has filled its vector
         }
         for (int s = 0; s < steps; ++s) {
@@ -961,7 +997,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 fetch(s + GRU_TILE_AHEAD - 1);   // into the slot step s - 1 read
                 __syncthreads();
             } else if (s > 0) {
-                gru_exchange_wait<C>(bars, s & 1, s);
+                gru_exchange_wait<C>(bars, s & 1, s, xbytes);
             }
             if (tl.product)
                 gru_tile_product<true, Q, MR, U>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks,
@@ -978,14 +1014,14 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                                  gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
                                  tl.row(s & 1, tl.pi, 1)[j], r, z, n);
                 if (C == 0) (hs + ((long long)d * S + (s + 1) % S) * BH)[o_s] = h_new;
-                else if (C > 1) tl.stage[((s & 1) * R + tl.pi) * J + tl.pu] = h_new;
                 else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
             }
             if (C == 0) {
                 __syncthreads();
                 gru_group_arrive(counter, tl.G, target);
-            } else {
-                gru_values_written<C, NT>(tl.pw);
+            } else if (C == 1 || s < steps - 1) {   // (no block reads the last values)
+                gru_values_written<T, C, NT>(tl.pw, bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1),
+                                             HS, 0, tl.rows, 1, J, tl.j0, HP);
             }
             if (tl.mine) {   // the outputs
                 (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
@@ -1000,10 +1036,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 }
             }
             if (C > 0) fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this thread)
-            if constexpr (C > 0)
-                gru_exchange_done<T, C, NT>(bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1), HS, 0,
-                                            tl.stage + (s & 1) * R * J, tl.rows, 1, J, tl.j0,
-                                            HP, tl.pw);
+            gru_step_end<C, NT>(tl.pw);
         }
         if (C > 1) gru_cluster_barrier<C>();   // no block leaves while others write into it
     };
@@ -1032,7 +1065,6 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
         const int j = tl.j;
         if (C > 0) {
             for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
-            for (int idx = threadIdx.x; idx < 6 * R * J; idx += NT) tl.stage[idx] = T(0);
         }
         // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step
         // or time 0 with the stride per step (or time)
@@ -1061,7 +1093,7 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
 #pragma unroll 1
         for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
         if (C > 0) {
-            gru_exchange_init<C>(bars);
+            gru_exchange_init<C>(bars, tl.pw, gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));
             gru_cluster_barrier<C>();   // every block of the cluster has zeroed its vector
         }
         // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1; at grid
@@ -1075,7 +1107,8 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                 fetch(s - GRU_TILE_AHEAD + 1);   // into the slot step s + 1 read (as above)
                 __syncthreads();
             } else {
-                gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s);
+                gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s,
+                                     gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));
             }
             if (tl.product)
                 gru_tile_product<false, Q, MR, U>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS,
@@ -1097,12 +1130,10 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                 dhz = gru_cell_backward(v[5 * J] + carry, r, v[J], v[2 * J], v[3 * J], v[4 * J],
                                         dr, dz, dn);
                 if (C > 0) {
-                    T* out = C > 1 ? tl.stage + ((s & 1) * R + tl.pi) * 3 * J + tl.pu
-                                   : tl.row(s & 1, tl.pi, 3) + j;
-                    const int seg = C > 1 ? J : HS;
+                    T* out = tl.row(s & 1, tl.pi, 3) + j;
                     out[0] = dr;
-                    out[seg] = dz;
-                    out[2 * seg] = dn * r;
+                    out[HS] = dz;
+                    out[2 * HS] = dn * r;
                 }
                 // the outputs (before the arrival: registers are short with NT = 512); at grid
                 // scope dgh is also what the other blocks read
@@ -1120,13 +1151,11 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                 __syncthreads();
                 gru_group_arrive(counter, tl.G, target);
             } else {
-                gru_values_written<C, NT>(tl.pw);
+                gru_values_written<T, C, NT>(tl.pw, bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS,
+                                             HS, tl.rows, 3, J, tl.j0, HP);
             }
             if (C > 0) fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this thread)
-            if constexpr (C > 0)
-                gru_exchange_done<T, C, NT>(bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS, HS,
-                                            tl.stage + (s & 1) * R * 3 * J, tl.rows, 3, J,
-                                            tl.j0, HP, tl.pw);
+            gru_step_end<C, NT>(tl.pw);
         }
         const T dh = carried(-1);   // d_gate_h of step 0, in buffer 0
         if (tl.mine) dh0[d * BH + (long long)bm * H + j] = dh;
