@@ -208,12 +208,13 @@ def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd, counters, G, groups):
 
 def _tile_smem(tile, R, J, KS, segs, ring, extra):
     """The dynamic shared memory of a tile kernel (double): mbarriers, vector (two buffers at
-    block and cluster scope, one at grid scope), lane sums, ring and `extra` more elements."""
+    block and cluster scope, one at grid scope), lane sums, the unused gap (none at grid
+    scope), ring and `extra` more elements."""
     C, Q, MR, NT, U = tile
-    nv = 2 if C else 1
+    nv, ng = (2, 2) if C else (1, 0)
     HS = KS * Q * 2
-    return 16 + (nv * MR * segs * HS + MR * 3 * J * KS + gru_module.TILE_AHEAD * R * ring * J
-                 + extra) * 8
+    return 16 + (nv * MR * segs * HS + MR * 3 * J * KS + ng * R * segs * J
+                 + gru_module.TILE_AHEAD * R * ring * J + extra) * 8
 
 
 def tile_forward(train, tile):

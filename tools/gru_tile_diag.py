@@ -1,10 +1,14 @@
 """Where a fast-path step's time goes: the forward tile kernel of a shape's plan (inference),
 timed as built and with parts of its step taken out one after another. Block and cluster
 scope: the outputs and the loads ahead; IEEE-exact maths, replaced by fast intrinsics; the
-cell's maths; the product. Grid scope: the wait at the group's counter; the copy of the
-vector from L2; the product; the arrival at the counter.
+cell's maths; the product; at cluster scope then the exchange (no block waits for or sends
+values). Grid scope: the wait at the group's counter; the copy of the vector from L2; the
+product; the arrival at the counter.
 
-    python tools/gru_tile_diag.py S1 S7 S8
+    python tools/gru_tile_diag.py S1 S7 S8 S7:4,4,1,256,1
+
+A shape id may name the tile kernel to time after a colon (a TILES entry: cluster, packs,
+most rows, threads, units per thread), one row per group, in place of fast_plan's choice.
 
 A diagnostic, not part of the package: it patches kernels/gru.cu's text in memory (and
 stops with an AssertionError when the text it patches has changed) and compiles each
@@ -42,9 +46,15 @@ def variants(src):
                   """                h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
                 r = z = n = h_new;""")
     out["... and no cell maths"] = nopw
-    out["... and no product"] = _patch(nopw, """            if (tl.product)
+    noprod = _patch(nopw, """            if (tl.product)
                 gru_tile_product<true, Q, MR, U>""", """            if (false)
                 gru_tile_product<true, Q, MR, U>""")
+    out["... and no product"] = noprod
+    # (cluster scope only; at block scope the kernel is the same as the one before)
+    noxch = _patch(noprod, "                gru_exchange_wait<C>(bars, s & 1, s, xbytes);",
+                   "                ;")
+    out["... and no exchange (clusters)"] = _patch(
+        noxch, "            } else if (C == 1 || s < steps - 1) {", "            } else if (C == 1) {")
     return out
 
 
@@ -75,10 +85,13 @@ def main(argv):
     from cugru import gru
     from cukernels import _rt
     src0 = _rt.load_source("gru.cu")
-    for sid in argv:
+    for arg in argv:
+        sid, _, tile = arg.partition(":")
         T, B, I, H, bi = SHAPES[sid]
         D = 2 if bi else 1
         plan = gru.fast_plan(B, H, D, np.float32)
+        if tile:
+            plan = gru._tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
         name = plan.forward_kernel("float", False)
         p = make_problem(T, B, I, H, bi)
         a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}

@@ -660,7 +660,8 @@ __device__ __forceinline__ void gru_values_written(int pw, unsigned long long* b
                                                    int segs, int J, int j0, int HP) {
     if (C == 1 && (int)threadIdx.x < pw) asm volatile("bar.arrive 1, %0;" ::"n"(NT) : "memory");
 #if __CUDA_ARCH__ >= 900
-    if (C > 1 && (int)threadIdx.x < pw) {
+    if constexpr (C > 1) {
+        if ((int)threadIdx.x >= pw) return;
         constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
         const int lane = threadIdx.x & 31, t0 = threadIdx.x - lane;
         __syncwarp();
@@ -757,10 +758,13 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 }
 
 // The block's roles and its shared memory: [16 B: two mbarriers][vec: NV][MR][segs*HS]
-// [part: MR][3][J*KS][ring: GRU_TILE_AHEAD][R][ring][J], where segs is 1 forward (h) and 3
-// backward (d_gate_h), ring the values a pointwise step reads ahead (3 forward, 6 backward),
-// NV = 2 at block and cluster scope (the exchange buffers of even and odd steps), NV = 1 at
-// grid scope; forward, the biases of the block's units follow ([6][J]).
+// [part: MR][3][J*KS][gap: NG][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is 1
+// forward (h) and 3 backward (d_gate_h), ring the values a pointwise step reads ahead (3
+// forward, 6 backward), NV = 2 at block and cluster scope (the exchange buffers of even and
+// odd steps), NV = 1 at grid scope; forward, the biases of the block's units follow ([6][J]).
+// The gap is unused: NG = 2 at block and cluster scope, 0 at grid scope. Without it (the ring
+// right after part) ptxas spills in the 8-row backward kernels (block scope on sm_80, a
+// cluster of 2 on sm_90), whose registers are full.
 template <typename T, int C, int Q, int MR, int U> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
@@ -796,7 +800,7 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
         bm = mine ? b0 + pi : 0;
         vec = reinterpret_cast<T*>(smem + 16);
         part = vec + (C > 0 ? 2 : 1) * MR * segs * HS;
-        ring = part + MR * 3 * JK;
+        ring = part + MR * 3 * JK + (C > 0 ? 2 * R * segs * J : 0);   // (the gap above)
     }
     // run() for this block's group (block and cluster scope), or at grid scope for each
     // group of its slot in turn: groups slot, slot + slots, ... (slots = gridDim.x / G)
