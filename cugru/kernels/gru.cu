@@ -569,13 +569,14 @@ __device__ __forceinline__ void gru_smem_pack(const T* p, T (&v)[Pack16<T>::N]) 
 // Cluster scope without a cluster-wide barrier per step. Every block holds two exchange
 // buffers (the vector of even and of odd steps) and one mbarrier per buffer. The pointwise
 // threads store their new values into their own block's buffer; each warp with pointwise steps
-// then arrives on its block's mbarrier (release, after __syncwarp) and sends its 16-byte packs
-// into the same buffer of every other block with st.async, whose bytes count off the
-// receiving block's mbarrier as they land (complete_tx). A phase of a block's mbarrier
-// completes once its own pointwise warps have arrived, its thread 0 has armed it (one arrival
-// declaring the bytes the other blocks send: gru_exchange_arm) and those bytes have landed;
-// every thread waits for it (acquire) before reading the buffer. So no fence and no
-// block-wide barrier lies between a value's store and its use in another block.
+// then (after __syncwarp) sends its 16-byte packs into the same buffer of every other block
+// with st.async, whose bytes count off the receiving block's mbarrier as they land
+// (complete_tx), and every thread of it arrives on its own block's mbarrier (release: its
+// stores, and its reads of the lane sums the next product overwrites, come first). A phase
+// of a block's mbarrier completes once those threads have arrived, its thread 0 has armed it
+// (one arrival declaring the bytes the other blocks send: gru_exchange_arm) and those bytes
+// have landed; every thread waits for it (acquire) before reading the buffer. So no fence
+// and no block-wide barrier lies between a value's store and its use in another block.
 // Buffer b is written again two steps later. The values of that step need those of the step
 // in between from every block, which a block makes only after its product has read buffer
 // b: the two buffers (and mbarriers) alternate by step without further waits.
@@ -594,8 +595,8 @@ __device__ __forceinline__ void gru_exchange_arm(unsigned long long* bars, int b
 #endif
 }
 
-// both mbarriers, each phase waiting for the pointwise warps (pw threads) and thread 0, armed
-// for the first phase; a cluster barrier must follow before any block sends
+// both mbarriers, each phase waiting for the threads of the pointwise warps (pw) and thread
+// 0, armed for the first phase; a cluster barrier must follow before any block sends
 template <int C>
 __device__ __forceinline__ void gru_exchange_init(unsigned long long* bars, int pw,
                                                   unsigned int bytes) {
@@ -603,7 +604,7 @@ __device__ __forceinline__ void gru_exchange_init(unsigned long long* bars, int 
     if (C > 1 && threadIdx.x == 0) {
         for (int b = 0; b < 2; ++b)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                         ::"r"(gru_smem_addr(bars + b)), "r"(1 + pw / 32) : "memory");
+                         ::"r"(gru_smem_addr(bars + b)), "r"(1 + pw) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int b = 0; b < 2; ++b) gru_exchange_arm<C>(bars, b, bytes);
     }
@@ -651,9 +652,9 @@ __device__ __forceinline__ void gru_send16(T* local, int rank, const T* v,
 // then wait for each other at barrier 2 (gru_step_end). (Barrier 0 is __syncthreads.)
 // A cluster (C > 1): every thread of the pointwise warps calls gru_values_written once its
 // values are in exchange buffer b of its block (row i, segment g, unit j at dst + i*ld +
-// g*gstride + j): its warp arrives on mbarrier b and sends the packs its threads wrote to
-// every other block. Thread t of these warps has row t / J, unit j0 + t % J (J and j0 are
-// multiples of the pack); packs at or past HP are not sent.
+// g*gstride + j): its warp sends the packs its threads wrote to every other block, and each
+// thread arrives on mbarrier b. Thread t of these warps has row t / J, unit j0 + t % J (J and
+// j0 are multiples of the pack); packs at or past HP are not sent.
 template <typename T, int C, int NT>
 __device__ __forceinline__ void gru_values_written(int pw, unsigned long long* bars, int b,
                                                    T* dst, int ld, int gstride, int rows,
@@ -665,9 +666,6 @@ __device__ __forceinline__ void gru_values_written(int pw, unsigned long long* b
         constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
         const int lane = threadIdx.x & 31, t0 = threadIdx.x - lane;
         __syncwarp();
-        if (lane == 0)
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
-                         ::"r"(gru_smem_addr(bars + b)) : "memory");
         const int rank = gru_cluster_rank<C>();
         // (pack, segment, other block) triples, a lane each in turn; pack p of the warp holds
         // the values of its threads p*V .. p*V + V-1
@@ -680,6 +678,8 @@ __device__ __forceinline__ void gru_values_written(int pw, unsigned long long* b
             gru_smem_pack(at, v);
             gru_send16(at, (rank + 1 + rest / segs) % C, v, bars + b);
         }
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
+                     ::"r"(gru_smem_addr(bars + b)) : "memory");
     }
 #endif
 }
