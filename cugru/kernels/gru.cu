@@ -568,15 +568,16 @@ __device__ __forceinline__ void gru_smem_pack(const T* p, T (&v)[Pack16<T>::N]) 
 
 // Cluster scope without a cluster-wide barrier per step. Every block holds two exchange
 // buffers (the vector of even and of odd steps) and one mbarrier per buffer. The pointwise
-// threads store their new values into their own block's buffer; each warp with pointwise steps
-// then (after __syncwarp) sends its 16-byte packs into the same buffer of every other block
-// with st.async, whose bytes count off the receiving block's mbarrier as they land
-// (complete_tx), and every thread of it arrives on its own block's mbarrier (release: its
-// stores, and its reads of the lane sums the next product overwrites, come first). A phase
-// of a block's mbarrier completes once those threads have arrived, its thread 0 has armed it
-// (one arrival declaring the bytes the other blocks send: gru_exchange_arm) and those bytes
-// have landed; every thread waits for it (acquire) before reading the buffer. So no fence
-// and no block-wide barrier lies between a value's store and its use in another block.
+// threads store their new values into their own block's buffer; after a barrier of the
+// warps with pointwise steps, each of these warps sends its 16-byte packs into the same
+// buffer of every other block with st.async, whose bytes count off the receiving block's
+// mbarrier as they land (complete_tx), and every thread of it arrives on its own block's
+// mbarrier (release: its stores, and its reads of the lane sums the next product
+// overwrites, come first). A phase of a block's mbarrier completes once those threads have
+// arrived, its thread 0 has armed it (one arrival declaring the bytes the other blocks send:
+// gru_exchange_arm) and those bytes have landed; every thread waits for it (acquire) before
+// reading the buffer. So no fence and no block-wide barrier lies between a value's store
+// and its use in another block.
 // Buffer b is written again two steps later. The values of that step need those of the step
 // in between from every block, which a block makes only after its product has read buffer
 // b: the two buffers (and mbarriers) alternate by step without further waits.
@@ -665,7 +666,10 @@ __device__ __forceinline__ void gru_values_written(int pw, unsigned long long* b
         if ((int)threadIdx.x >= pw) return;
         constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
         const int lane = threadIdx.x & 31, t0 = threadIdx.x - lane;
-        __syncwarp();
+        // (the pointwise warps' own barrier, 1, unused at cluster scope: the lanes read values
+        // other lanes stored; a barrier compute-sanitizer's racecheck sees, where __syncwarp
+        // draws its warp-level warnings)
+        asm volatile("bar.sync 1, %0;" ::"r"(pw) : "memory");
         const int rank = gru_cluster_rank<C>();
         // (pack, segment, other block) triples, a lane each in turn; pack p of the warp holds
         // the values of its threads p*V .. p*V + V-1
