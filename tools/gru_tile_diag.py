@@ -92,6 +92,9 @@ def main(argv):
         plan = gru.fast_plan(B, H, D, np.float32)
         if tile:
             plan = gru._tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
+            if plan is None or not plan.cluster:
+                raise SystemExit(f"{arg}: that tile kernel does not hold {sid} at block or "
+                                 "cluster scope")
         name = plan.forward_kernel("float", False)
         p = make_problem(T, B, I, H, bi)
         a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
