@@ -60,6 +60,45 @@ def sh(cmd, log, env=None, timeout=900):
     return rc, time.time() - t0
 
 
+# a report's first line (not the indented lines under it), and the kernel an access under it
+# names; the lines that are no report
+_REPORT = re.compile(r"^=+ (\S.*?)\s*:?\s*$")
+_KERNEL = re.compile(r"^=+\s+.*?\bat (?:void )?(\w+(?:<[^>]*>)?)\(")
+_NOT_A_REPORT = ("ERROR SUMMARY", "RACECHECK SUMMARY", "COMPUTE-SANITIZER", "Saved host backtrace",
+                 "Target application returned", "LEAK SUMMARY")
+
+
+def finding_kinds(text, limit=8):
+    """The kinds of compute-sanitizer reports in `text`, most frequent first: (count, kind),
+    a kind being a report's first line without addresses and block or thread numbers, and
+    the kernel of the first access named under it, with the first report's addresses
+    after it. Counts only the reports the tool printed (racecheck prints 100 at most)."""
+    counts, header, first = {}, None, {}
+
+    def done(kernel):
+        key = header + (f" in {kernel}" if kernel else "")
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, addresses)
+
+    for line in text.splitlines():
+        m = _KERNEL.match(line)
+        if m and header is not None:
+            done(m.group(1))
+            header = None
+            continue
+        m = _REPORT.match(line)
+        if m and not line.startswith("=========  ") and not m.group(1).startswith(_NOT_A_REPORT):
+            if header is not None:
+                done(None)
+            addresses = re.findall(r"0x[0-9a-fA-F]+", m.group(1))
+            header = re.sub(r"0x[0-9a-fA-F]+", "X", m.group(1))
+            header = re.sub(r"\((\d+,){2}\d+\)", "(..)", header)
+    if header is not None:
+        done(None)
+    kinds = sorted(counts.items(), key=lambda kn: (-kn[1], kn[0]))[:limit]
+    return [(n, k + (f" (first at {', '.join(first[k])})" if first[k] else "")) for k, n in kinds]
+
+
 def junit_counts(path):
     if not os.path.exists(path):
         return None
@@ -141,6 +180,7 @@ def main(argv=None) -> int:
                   "cuDNN comparison) under each tool.", "",
                   "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
         log = os.path.join(out, "sanitizer-log.txt")
+        found = []
         for tool, (sel, flags) in SANITIZER_TOOLS.items():
             xml = os.path.join(out, f"san-{tool}.xml")
             cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
@@ -159,6 +199,7 @@ def main(argv=None) -> int:
             tests = (f"{counts[0]['passed']} passed, {counts[0]['failures'] + counts[0]['errors']} failed"
                      if counts else "no report")
             lines.append(f"| {tool} | {tests} ({secs:.0f} s) | {'; '.join(summ[-2:]) or 'none printed'} | {rc} |")
+            found += [f"- {tool}: {n} x {kind}" for n, kind in finding_kinds(text)]
             if os.path.exists(xml):
                 os.remove(xml)
         # the sanitizer must see a planted out-of-bounds write, or its zeros prove nothing
@@ -169,6 +210,9 @@ def main(argv=None) -> int:
             f.seek(start)
             seen = re.findall(r"ERROR SUMMARY: (\d+) error", f.read())
         caught = rc == 99 and seen and int(seen[-1]) > 0
+        if found:
+            lines += ["", "What the tools printed, by kind (the most frequent first; racecheck prints "
+                      "at most 100 reports per run):", ""] + found
         lines += ["", f"Control: a planted out-of-bounds write (tools/planted_oob.py) under memcheck "
                   f"{'was reported' if caught else 'was NOT reported: the runs above prove nothing'} "
                   f"({seen[-1] if seen else 'no'} errors, exit {rc})."]

@@ -1,0 +1,44 @@
+"""The GPU script's reading of compute-sanitizer's output (tools/gpu_report.py, CPU only)."""
+import importlib.util
+import os
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                     "gpu_report.py")
+_SPEC = importlib.util.spec_from_file_location("gpu_report", _PATH)
+gpu_report = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gpu_report)
+
+_LOG = """========= COMPUTE-SANITIZER
+========= Error: Potential WAR hazard detected at __shared__ 0x1f0 in block (13,0,0) :
+=========     Read Thread (8,0,0) at void k<float, (int)4>(const T1 *, T1 *)+0x1a0
+=========     Write Thread (56,0,0) at void k<float, (int)4>(const T1 *, T1 *)+0x2b0
+=========     Current Value : 190, Incoming Value : 190
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: _forward_gpu in gru.py:543
+=========
+========= Warning: (Warp Level Programming) Potential RAW hazard detected (CUDA barrier operation) at __shared__ 0x20 in block (36,1,0) :
+=========     Write Thread (3,0,0) at void j<float>(float *)+0x10
+========= Error: Potential WAR hazard detected at __shared__ 0x1f4 in block (2,0,0) :
+=========     Read Thread (9,0,0) at void k<float, (int)4>(const T1 *, T1 *)+0x1a0
+========= Invalid __global__ write of size 4 bytes
+=========     at void planted(float *)+0x70
+========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_finding_kinds_groups_the_reports_by_kind_and_kernel():
+    kinds = gpu_report.finding_kinds(_LOG)
+    assert kinds == [
+        (2, "Error: Potential WAR hazard detected at __shared__ X in block (..) in "
+            "k<float, (int)4> (first at 0x1f0)"),
+        (1, "Invalid __global__ write of size 4 bytes in planted"),
+        (1, "Warning: (Warp Level Programming) Potential RAW hazard detected (CUDA barrier "
+            "operation) at __shared__ X in block (..) in j<float> (first at 0x20)"),
+    ]
+    assert gpu_report.finding_kinds(_LOG, limit=1) == kinds[:1]
+
+
+def test_finding_kinds_of_a_clean_run_is_empty():
+    assert gpu_report.finding_kinds("========= COMPUTE-SANITIZER\n"
+                                    "========= ERROR SUMMARY: 0 errors\n") == []
