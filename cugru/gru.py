@@ -251,7 +251,7 @@ def _tile_split(B, H, D, tile, rows, itemsize):
                     0 if cluster else blocks)
 
 
-def _tile_rank(plan, D, clusters_at_once, backward=False):
+def _tile_rank(plan, D, clusters_at_once):
     """The order in which fast_plan prefers tile splits, from the measurements in
     docs/performance.md (`python -m bench.gru --sweep`): fewest waves of groups (groups run
     at once only as far as the GPU holds their blocks), then the fewest rows the kernel
@@ -262,13 +262,13 @@ def _tile_rank(plan, D, clusters_at_once, backward=False):
     the product and fewer lane sums to add), then two units per thread before one or four (a
     pack loaded from shared memory serves two units; the sweeps put 4 packs x 2 units ahead
     of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), then fewer
-    threads, then the cluster size: for the forward pass 4 blocks first, then the smaller
-    (on S7 every 4-block kernel beat every 2- and 8-block kernel forward, by 6-9%), for the
-    backward pass the smallest (its exchange moves three segments: on S7 2 blocks beat 4 by
-    15%); then the most rows per group (fewer groups busy)."""
+    threads, then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block
+    kernels beat the 2- and 8-block ones forward, by 6-9%, and, since the warps with
+    pointwise steps leave the product to the others, backward too: 0.71-0.76 against
+    0.79-0.82 µs a step); then the most rows per group (fewer groups busy)."""
     waves = -(-(plan.groups * D) // max(1, clusters_at_once))
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
-    size = (0 if backward else abs(plan.cluster - 4), plan.cluster)
+    size = (abs(plan.cluster - 4), plan.cluster)
     return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
             abs(plan.per_thread - 2), plan.threads, size, -plan.rows)
 
@@ -304,7 +304,7 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False):
                   for p, n in ((p, _clusters_at_once(p, dtype, device_id)) for p in scoped)]
         ranked = [(p, n) for p, n in ranked if p is not None]
         if ranked:
-            return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1], backward))[0]
+            return min(ranked, key=lambda pn: _tile_rank(pn[0], D, pn[1]))[0]
     plans = {p for p in (_split(B, H, D, n, itemsize, smem_limit) for n in range(1, H + 1))
              if p is not None}
     for plan in sorted(plans, key=lambda p: (_cost(p, B, H, D, itemsize), p.blocks)):

@@ -11,6 +11,7 @@ import ctypes
 import functools
 import math
 import numbers
+import os
 import pathlib
 import re
 import threading
@@ -22,6 +23,9 @@ KERNEL_DIR = pathlib.Path(__file__).with_name("kernels")
 GRU_KERNEL_DIR = pathlib.Path(__file__).parents[1] / "cugru" / "kernels"
 HEADER = "common.cuh"
 COMPILE_OPTIONS = ("--std=c++17",)  # CuPy adds -ftz=true and the -arch of the device itself
+#: CK_LINEINFO=1 compiles with source line numbers, for compute-sanitizer's and ncu's reports
+if os.environ.get("CK_LINEINFO") == "1":
+    COMPILE_OPTIONS += ("-lineinfo",)
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _CTYPES = ("float", "double")
 _BOOL = ("false", "true")

@@ -490,6 +490,65 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
         assert gru_module._tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
 
 
+def _pointwise_and_sends(plan, H, rows, rank, segs, itemsize):
+    """A transcription of GruTile's roles in kernels/gru.cu (the pointwise threads: p0, pi,
+    pu, mine; pack_slot) and of gru_values_written's loop over a lane's sends, for block
+    `rank` of a cluster with `rows` rows: ({(row, unit): threads with that pointwise step},
+    p0, [(target block, offset of the pack in an exchange buffer)])."""
+    C, Q, MR, NT, U = plan.tile
+    J, KS, R, V = plan.units, plan.lanes, plan.rows, 16 // itemsize
+    HS, HP, NP, j0 = KS * Q * V, -(-H // V) * V, 32 // V, rank * J
+    pw = -(-J * rows // 32) * 32
+    p0 = NT - pw if C > 1 and -(-J // U) * KS + pw <= NT else 0
+    steps, sends = {}, []
+    for tid in range(NT):
+        pt = max(tid - p0, 0)
+        pi, pu = (R if tid < p0 else pt // J), pt % J
+        if pi < rows and pu < H - j0:
+            steps.setdefault((pi, j0 + pu), []).append(tid)
+        if C > 1 and p0 <= tid < p0 + pw:
+            lane = tid & 31
+            first = tid - p0 - lane + lane % NP * V
+            xi, xu = first // J, first % J
+            if xi < rows and j0 + xu < HP:
+                off = xi * segs * HS + j0 + xu
+                for idx in range(lane, NP * segs * (C - 1), 32):
+                    rest = idx // NP
+                    sends.append(((rank + 1 + rest // segs) % C, off + rest % segs * HS))
+    return steps, p0, sends
+
+
+@pytest.mark.parametrize("H", [4, 17, 33, 64, 100, 128, 200, 256])
+@pytest.mark.parametrize("itemsize,tile", [(it, t) for it, t in _all_tiles() if t[0] > 0],
+                         ids=str)
+def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
+    """Block and cluster scope: every (row, unit) of a block has exactly one thread with its
+    pointwise step; where the warps with pointwise steps move past the product's threads,
+    none of them has a part in the product; and at cluster scope each block sends every
+    16-byte pack of its units (rows, segments) to every other block of the cluster exactly
+    once, and nothing else."""
+    C, Q, MR, NT, U = tile
+    V = 16 // itemsize
+    for R in range(1, MR + 1):
+        plan = gru_module._tile_split(5, H, 1, tile, R, itemsize)
+        if plan is None:
+            continue
+        J, KS = plan.units, plan.lanes
+        HS = KS * Q * V
+        for rows in sorted({1, R, 5 % R or R}):
+            for segs in (1, 3):
+                for rank in range(C):
+                    steps, p0, sends = _pointwise_and_sends(plan, H, rows, rank, segs, itemsize)
+                    owned = [(i, rank * J + u) for i in range(rows)
+                             for u in range(min(J, H - rank * J))]
+                    assert sorted(steps) == owned and all(len(t) == 1 for t in steps.values())
+                    assert p0 == 0 or -(-J // U) * KS <= p0
+                    expected = [(other, i * segs * HS + g * HS + k) for other in range(C)
+                                if other != rank for i in range(rows) for g in range(segs)
+                                for k in range(rank * J, min(rank * J + J, -(-H // V) * V), V)]
+                    assert sorted(sends) == sorted(expected), (R, rows, segs, rank)
+
+
 @pytest.mark.parametrize("itemsize", [4, 8])
 @pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
 def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):

@@ -79,9 +79,7 @@ def grid_variants(src):
 
 
 def main(argv):
-    import cupy as cp
-
-    from bench.gru import SHAPES, make_problem
+    from bench.gru import SHAPES
     from cugru import gru
     from cukernels import _rt
     src0 = _rt.load_source("gru.cu")
@@ -95,43 +93,167 @@ def main(argv):
             if plan is None or not plan.cluster:
                 raise SystemExit(f"{arg}: that tile kernel does not hold {sid} at block or "
                                  "cluster scope")
-        name = plan.forward_kernel("float", False)
-        p = make_problem(T, B, I, H, bi)
-        a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
-        gi = cp.asarray(np.random.default_rng(0).standard_normal((T, B, D, 3 * H)), np.float32)
-        hs = cp.zeros((D, 2, B, H), np.float32)
-        y = cp.empty((T, B, D * H), np.float32)
-        h_n = cp.empty((D, B, H), np.float32)
-        i32 = np.int32
-        grid = not plan.cluster
         print(sid, plan, file=sys.stderr)
-        for label, src in (grid_variants if grid else variants)(src0).items():
-            mod = cp.RawModule(code=src, options=_rt.COMPILE_OPTIONS, name_expressions=[name])
-            fn = mod.get_function(name)
-            fn.max_dynamic_shared_size_bytes = plan.smem_fwd
+        for label, src in (variants if plan.cluster else grid_variants)(src0).items():
+            launch, mod = tile_launcher(src, sid, plan, False)
+            us = step_us(launch, T)
+            regs = mod.get_function(plan.forward_kernel("float", False)).num_regs
+            print(f"{sid} {label:28s} {us * T / 1e3:.4f} ms  {us:.3f} us/step  regs {regs}",
+                  flush=True)
 
-            def launch():
-                # (fresh counters: each launch's blocks count from zero)
-                args = (gi, a["w_hh"], a["b_ih"], a["b_hh"], hs, y, y, h_n, i32(T), i32(B),
-                        i32(H), i32(2), i32(plan.units), i32(plan.lanes), i32(plan.rows)
-                        ) + plan.launch_args(cp, D)
-                with _rt.StepLoop(np.float32) as loop:
-                    loop.launch(fn, (plan.blocks, D), (plan.threads,), args,
-                                shared_mem=plan.smem_fwd, cooperative=grid)
-            for _ in range(3):
-                launch()
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            times = []
-            for _ in range(15):
-                e0.record()
-                launch()
-                e1.record()
-                e1.synchronize()
-                times.append(cp.cuda.get_elapsed_time(e0, e1))
-            ms = float(np.median(times))
-            print(f"{sid} {label:28s} {ms:.4f} ms  {ms * 1e3 / T:.3f} us/step  "
-                  f"regs {fn.num_regs}", flush=True)
+
+#: the clock marks (--clock): per kernel, (text the mark goes right after, label of the
+#: segment that ends at the mark); the first thread of the pointwise warps of each block of
+#: direction 0 records them
+FORWARD_MARKS = [
+    ("        for (int s = 0; s < steps; ++s) {\n", "loop top"),
+    ("                gru_exchange_wait<C>(bars, s & 1, s, xbytes);\n", "wait for the values"),
+    ("                                                 KS, tl.wu * KS + tl.ks, tl.JK);\n",
+     "product"),
+    ("            gru_copy_wait();\n            __syncthreads();\n", "copy wait, barrier"),
+    ("                else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;\n",
+     "lane sums, cell, value stored"),
+    ("                                             tl.row((s + 1) & 1, 0, 1), 0, 1, xoff, xok);\n"
+     "            }\n", "values sent, arrival"),
+    ("            if (C > 0) fetch(s + GRU_TILE_AHEAD);   // into the slot just read (by this thread)\n",
+     "outputs, loads ahead"),
+]
+BACKWARD_MARKS = [
+    ("        for (int s = steps - 1; s >= 0; --s) {\n", "loop top"),
+    ("                gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s,\n"
+     "                                     gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));\n",
+     "wait for the values"),
+    ("                                                  HS, tl.ks, KS, tl.wu * KS + tl.ks, tl.JK);\n",
+     "product"),
+    ("            gru_copy_wait();\n            __syncthreads();\n            if (!tl.mine) return T(0);\n",
+     "copy wait, barrier"),
+    ("                    out[2 * HS] = dn * r;\n", "lane sums, cell, values stored"),
+    ("                gh_row[2 * H] = dn * r;\n", "outputs"),
+    ("                                             3, xoff, xok);\n            }\n",
+     "values sent, arrival"),
+    ("            if (C > 0) fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this thread)\n",
+     "loads ahead"),
+]
+CLOCK_STEPS = 1024
+_CLOCK_HEAD = f"""
+__device__ long long gru_clock[64 * {CLOCK_STEPS} * 8];
+#define GRU_MARK(k) if ((int)threadIdx.x == tl.p0 && blockIdx.y == 0 && blockIdx.x < 64) {{ \\
+    long long t_; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t_) :: "memory"); \\
+    gru_clock[((long long)blockIdx.x * {CLOCK_STEPS} + (s & {CLOCK_STEPS - 1})) * 8 + (k)] = t_; }}
+"""
+
+
+def clock_source(src, marks):
+    """`src` with the marks in; the kernels' results are unchanged"""
+    out = _CLOCK_HEAD + src
+    for k, (after, _) in enumerate(marks):
+        out = _patch(out, after, after + f"GRU_MARK({k});\n")
+    return out
+
+
+def tile_launcher(src, sid, plan, backward, mod=None):
+    """(launch, module): one launch of `plan`'s forward (inference) or backward tile kernel,
+    compiled from `src` (or taken from `mod`), on inputs of shape `sid` (random: only times
+    mean anything)"""
+    import cupy as cp
+
+    from bench.gru import SHAPES, make_problem
+    from cukernels import _rt
+    T, B, I, H, bi = SHAPES[sid]
+    D = 2 if bi else 1
+    name = plan.backward_kernel("float") if backward else plan.forward_kernel("float", False)
+    if mod is None:
+        mod = cp.RawModule(code=src, options=_rt.COMPILE_OPTIONS, name_expressions=[name])
+    fn = mod.get_function(name)
+    smem = plan.smem_bwd if backward else plan.smem_fwd
+    fn.max_dynamic_shared_size_bytes = smem
+    rng = np.random.default_rng(0)
+    f32 = lambda *shape: cp.asarray(rng.standard_normal(shape) * 0.5, np.float32)  # noqa: E731
+    p = make_problem(T, B, I, H, bi)
+    w_hh, b_ih, b_hh = (cp.asarray(p[k]) for k in ("w_hh", "b_ih", "b_hh"))
+    i32 = np.int32
+    if backward:
+        gates = cp.asarray(rng.uniform(0.1, 0.9, (D, T, B, 4 * H)), np.float32)
+        args = (f32(T, B, D * H), gates, f32(D, T + 1, B, H), w_hh, np.int64(0),
+                f32(T, B, D, 3 * H), f32(D, T, B, 3 * H), f32(D, B, H), i32(T), i32(B),
+                i32(H), i32(plan.units), i32(plan.lanes), i32(plan.rows))
+    else:
+        y = f32(T, B, D * H)
+        args = (f32(T, B, D, 3 * H), w_hh, b_ih, b_hh, cp.zeros((D, 2, B, H), np.float32),
+                y, y, f32(D, B, H), i32(T), i32(B), i32(H), i32(2), i32(plan.units),
+                i32(plan.lanes), i32(plan.rows))
+
+    def launch():
+        # (grid scope: fresh counters, each launch's blocks count from zero)
+        with _rt.StepLoop(np.float32) as loop:
+            loop.launch(fn, (plan.blocks, D), (plan.threads,), args + plan.launch_args(cp, D),
+                        shared_mem=smem, cooperative=not plan.cluster)
+    return launch, mod
+
+
+def step_us(launch, T, repeat=15):
+    """median µs per step of `launch` (after three warm-up launches)"""
+    import cupy as cp
+    for _ in range(3):
+        launch()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(repeat):
+        e0.record()
+        launch()
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1))
+    return float(np.median(times)) * 1e3 / T
+
+
+def clock_main(argv):
+    """--clock: the cycles between the marks of the forward (inference) and the backward
+    tile kernels, median over the steps and over the blocks of a group (the first pointwise
+    thread of each),
+    and the cycles per step with the clock rate they imply."""
+    import cupy as cp
+
+    from bench.gru import SHAPES
+    from cugru import gru
+    from cukernels import _rt
+    src0 = _rt.load_source("gru.cu")
+    for arg in argv:
+        sid, _, tile = arg.partition(":")
+        T, B, I, H, bi = SHAPES[sid]
+        D = 2 if bi else 1
+        for backward in (False, True):
+            plan = gru.fast_plan(B, H, D, np.float32, backward=backward)
+            if tile:
+                plan = gru._tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
+            if not isinstance(plan, gru.TilePlan) or not plan.cluster or T > CLOCK_STEPS:
+                raise SystemExit(f"{arg}: --clock takes block and cluster scope, T <= "
+                                 f"{CLOCK_STEPS}")
+            marks = BACKWARD_MARKS if backward else FORWARD_MARKS
+            launch, mod = tile_launcher(clock_source(src0, marks), sid, plan, backward)
+            us = step_us(launch, T, repeat=1)
+            clk = cp.asnumpy(cp.ndarray((64, CLOCK_STEPS, 8), np.int64,
+                                        memptr=mod.get_global("gru_clock")))
+            nb = min(plan.cluster, 64)
+            order = list(range(T)) if not backward else list(range(T - 1, -1, -1))
+            c = clk[:nb][:, order[8:-8]]            # (the first and last steps left out)
+            nm = len(marks)
+            seg = np.diff(c[:, :, :nm], axis=2)      # mark k-1 .. k
+            step = c[:, 1:, 0] - c[:, :-1, 0]
+            kind = "backward" if backward else "forward"
+            print(f"{sid} {kind} {plan.tile}: {us:.3f} us/step (events), "
+                  f"{np.median(step):.0f} cycles/step -> {np.median(step) / us / 1e3:.2f} GHz")
+            for k in range(1, nm):
+                v = seg[:, :, k - 1]
+                print(f"    {marks[k][1]:32s} median {np.median(v):6.0f}  "
+                      f"p90 {np.percentile(v, 90):6.0f}  by block "
+                      + " ".join(f"{np.median(v[b]):.0f}" for b in range(nb)))
+            rest = step - (c[:, :-1, nm - 1] - c[:, :-1, 0])
+            print(f"    {'last mark to next loop top':32s} median {np.median(rest):6.0f}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--clock"]:
+        clock_main(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

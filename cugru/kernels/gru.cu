@@ -596,20 +596,26 @@ __device__ __forceinline__ void gru_exchange_arm(unsigned long long* bars, int b
 #endif
 }
 
-// both mbarriers, each phase waiting for the threads of the pointwise warps (pw) and thread
-// 0, armed for the first phase; a cluster barrier must follow before any block sends
+// The exchange's start: thread 0 sets up both mbarriers, each phase waiting for the threads
+// of the pointwise warps (pw) and thread 0; the cluster barrier (every block has filled its
+// vector and set up its mbarriers before any block sends); then thread 0 arms the first
+// phase of each. Bytes may land before their phase is armed: its count of bytes to come
+// runs below zero meanwhile, and the phase cannot complete without thread 0's arrival.
+// (Armed after the barrier, the arming is ordered after the set-up for every thread of the
+// warp, as compute-sanitizer's racecheck sees it.)
 template <int C>
-__device__ __forceinline__ void gru_exchange_init(unsigned long long* bars, int pw,
-                                                  unsigned int bytes) {
+__device__ __forceinline__ void gru_exchange_start(unsigned long long* bars, int pw,
+                                                   unsigned int bytes) {
 #if __CUDA_ARCH__ >= 900
     if (C > 1 && threadIdx.x == 0) {
         for (int b = 0; b < 2; ++b)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
                          ::"r"(gru_smem_addr(bars + b)), "r"(1 + pw) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int b = 0; b < 2; ++b) gru_exchange_arm<C>(bars, b, bytes);
     }
 #endif
+    gru_cluster_barrier<C>();
+    for (int b = 0; b < 2; ++b) gru_exchange_arm<C>(bars, b, bytes);
 }
 
 // the bytes a block of the cluster receives per step from the others: `rows` rows of `segs`
@@ -651,36 +657,34 @@ __device__ __forceinline__ void gru_send16(T* local, int rank, const T* v,
 // at barrier 1 right after writing (gru_values_written) and go on to their global stores and
 // loads; the other warps wait at barrier 1 and start the next product. The pointwise warps
 // then wait for each other at barrier 2 (gru_step_end). (Barrier 0 is __syncthreads.)
-// A cluster (C > 1): every thread of the pointwise warps calls gru_values_written once its
-// values are in exchange buffer b of its block (row i, segment g, unit j at dst + i*ld +
-// g*gstride + j): its warp sends the packs its threads wrote to every other block, and each
-// thread arrives on mbarrier b. Thread t of these warps has row t / J, unit j0 + t % J (J and
-// j0 are multiples of the pack); packs at or past HP are not sent.
+// A cluster (C > 1): every thread of the pointwise warps (threads p0 .. p0 + pw-1) calls
+// gru_values_written once its values are in exchange buffer `buf` of its block (segments
+// gstride apart): its warp sends the packs its threads wrote to every other block, and each
+// thread arrives on mbarrier b. A lane sends one pack, at xoff + g*gstride (GruTile; no pack
+// at or past HP), of the segments g its lane number picks, to the blocks it picks.
 template <typename T, int C, int NT>
-__device__ __forceinline__ void gru_values_written(int pw, unsigned long long* bars, int b,
-                                                   T* dst, int ld, int gstride, int rows,
-                                                   int segs, int J, int j0, int HP) {
+__device__ __forceinline__ void gru_values_written(int pw, int p0, unsigned long long* bars,
+                                                   int b, T* buf, int gstride, int segs,
+                                                   int xoff, bool xok) {
     if (C == 1 && (int)threadIdx.x < pw) asm volatile("bar.arrive 1, %0;" ::"n"(NT) : "memory");
 #if __CUDA_ARCH__ >= 900
     if constexpr (C > 1) {
-        if ((int)threadIdx.x >= pw) return;
+        if ((unsigned)((int)threadIdx.x - p0) >= (unsigned)pw) return;
         constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
-        const int lane = threadIdx.x & 31, t0 = threadIdx.x - lane;
         // (the pointwise warps' own barrier, 1, unused at cluster scope: the lanes read values
         // other lanes stored; a barrier compute-sanitizer's racecheck sees, where __syncwarp
         // draws its warp-level warnings)
         asm volatile("bar.sync 1, %0;" ::"r"(pw) : "memory");
         const int rank = gru_cluster_rank<C>();
-        // (pack, segment, other block) triples, a lane each in turn; pack p of the warp holds
-        // the values of its threads p*V .. p*V + V-1
-        for (int idx = lane; idx < NP * segs * (C - 1); idx += 32) {
-            const int p = idx % NP, rest = idx / NP, g = rest % segs;
-            const int t = t0 + p * V, i = t / J, u = t - i * J;
-            if (i >= rows || j0 + u >= HP) continue;
-            T* at = dst + i * ld + g * gstride + j0 + u;
-            T v[V];
-            gru_smem_pack(at, v);
-            gru_send16(at, (rank + 1 + rest / segs) % C, v, bars + b);
+        // (segment, other block) pairs of the lane's pack, the warp's lanes in turn
+        if (xok) {
+            for (int idx = (int)(threadIdx.x & 31); idx < NP * segs * (C - 1); idx += 32) {
+                const int rest = idx / NP, g = rest % segs;
+                T* at = buf + xoff + g * gstride;
+                T v[V];
+                gru_smem_pack(at, v);
+                gru_send16(at, (rank + 1 + rest / segs) % C, v, bars + b);
+            }
         }
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
                      ::"r"(gru_smem_addr(bars + b)) : "memory");
@@ -769,7 +773,10 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 // The gap is unused: NG = 2 at block and cluster scope, 0 at grid scope. Without it (the ring
 // right after part) ptxas spills in the 8-row backward kernels (block scope on sm_80, a
 // cluster of 2 on sm_90), whose registers are full.
-template <typename T, int C, int Q, int MR, int U> struct GruTile {
+// The warps with pointwise steps are the last pw threads of the block where the product
+// leaves them free (cluster scope), so that their outputs and loads ahead overlap the next
+// product; else the first pw threads.
+template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
     int G;              // blocks per group (C, or the grid scope's G)
@@ -778,7 +785,9 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
     bool product;       //   this thread has a part in the product
     int pu, pi, j, bm;  // the pointwise step: unit pu, row pi; j = j0 + pu, row bm of the batch
     bool mine;          //   this thread has a pointwise step
-    int pw;             // the threads of the warps with pointwise steps (whole warps)
+    int pw, p0;         // the warps with pointwise steps: threads p0 .. p0 + pw-1
+    int xoff;           // cluster scope, one row: pack_slot's results, kept
+    bool xok;
     T *vec, *part, *ring;
     // block c = blockIdx.x % G of group blockIdx.x / G
     __device__ __forceinline__ GruTile(unsigned char* smem, int B, int H, int J, int KS, int R,
@@ -796,15 +805,46 @@ template <typename T, int C, int Q, int MR, int U> struct GruTile {
         product = wu * U < J;
         wu *= U;
         wn = max(0, min(U, min(J, H - j0) - wu));
-        pi = tid / J;
-        pu = tid - pi * J;
+        p0 = 0;
+        int pt = tid;   // the thread's place among the pointwise threads
+        if constexpr (C > 1) {
+            if ((J + U - 1) / U * KS + (J * rows + 31) / 32 * 32 <= NT)
+                p0 = NT - (J * rows + 31) / 32 * 32;
+            pt = max(tid - p0, 0);
+            pi = tid < p0 ? R : pt / J;   // (threads before p0: a row past the last)
+            pu = pt - (pt / J) * J;
+        } else {
+            pi = tid / J;
+            pu = tid - pi * J;
+        }
         mine = pi < rows && pu < H - j0;
         pw = (J * rows + 31) / 32 * 32;
         j = mine ? j0 + pu : 0;
         bm = mine ? b0 + pi : 0;
+        xoff = 0;
+        xok = false;
+        if constexpr (MR == 1) xok = work_pack_slot(H, J, segs, xoff);
         vec = reinterpret_cast<T*>(smem + 16);
         part = vec + (C > 0 ? 2 : 1) * MR * segs * HS;
         ring = part + MR * 3 * JK + (C > 0 ? 2 * R * segs * J : 0);   // (the gap above)
+    }
+    // Cluster scope: the pack this lane of a pointwise warp sends, at xoff + g*(segment
+    // stride) in an exchange buffer for segment g, and whether it has one. Pack p = lane %
+    // (32 / V) of a warp holds the values of its threads p*V .. p*V + V-1. Worked out once
+    // with one row (MR = 1); at each step with more (their registers are short).
+    __device__ __forceinline__ bool work_pack_slot(int H, int J, int segs, int& off) const {
+        const int tid = threadIdx.x, lane = tid & 31;
+        const int first = tid - p0 - lane + (lane % (32 / V)) * V;
+        const int xi = first / J, xu = first - xi * J, HP = (H + V - 1) / V * V;
+        off = xi * segs * HS + j0 + xu;
+        return C > 1 && tid >= p0 && xi < rows && j0 + xu < HP;
+    }
+    __device__ __forceinline__ bool pack_slot(int H, int J, int segs, int& off) const {
+        if constexpr (MR == 1) {
+            off = xoff;
+            return xok;
+        }
+        return work_pack_slot(H, J, segs, off);
     }
     // run() for this block's group (block and cluster scope), or at grid scope for each
     // group of its slot in turn: groups slot, slot + slots, ... (slots = gridDim.x / G)
@@ -941,7 +981,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                      int B, int H, int S, int J, int KS, int R, unsigned int* counters, int G,
                      int groups) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 1, G);
+    GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 1, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
@@ -993,8 +1033,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
 #pragma unroll 1
         for (int s = 0; s < (C > 0 ? GRU_TILE_AHEAD : GRU_TILE_AHEAD - 1); ++s) fetch(s);
         if (C > 0) {
-            gru_exchange_init<C>(bars, tl.pw, xbytes);
-            gru_cluster_barrier<C>();   // every block of the cluster has filled its vector
+            gru_exchange_start<C>(bars, tl.pw, xbytes);
         }
         for (int s = 0; s < steps; ++s) {
             if (C == 0) {   // h of step s: slot s % S of hs, the group's rows
@@ -1028,8 +1067,10 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 __syncthreads();
                 gru_group_arrive(counter, tl.G, target);
             } else if (C == 1 || s < steps - 1) {   // (no block reads the last values)
-                gru_values_written<T, C, NT>(tl.pw, bars, (s + 1) & 1, tl.row((s + 1) & 1, 0, 1),
-                                             HS, 0, tl.rows, 1, J, tl.j0, HP);
+                int xoff;
+                const bool xok = tl.pack_slot(H, J, 1, xoff);
+                gru_values_written<T, C, NT>(tl.pw, tl.p0, bars, (s + 1) & 1,
+                                             tl.row((s + 1) & 1, 0, 1), 0, 1, xoff, xok);
             }
             if (tl.mine) {   // the outputs
                 (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
@@ -1059,7 +1100,7 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                       T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H,
                       int J, int KS, int R, unsigned int* counters, int G, int groups) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    GruTile<T, C, Q, MR, U> tl(gru_smem, B, H, J, KS, R, 3, G);
+    GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 3, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
@@ -1101,8 +1142,7 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
 #pragma unroll 1
         for (int k = 0; k < GRU_TILE_AHEAD; ++k) fetch(steps - 1 - k);
         if (C > 0) {
-            gru_exchange_init<C>(bars, tl.pw, gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));
-            gru_cluster_barrier<C>();   // every block of the cluster has zeroed its vector
+            gru_exchange_start<C>(bars, tl.pw, gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));
         }
         // the carry into step s from d_gate_h of step s + 1 (buffer (s + 1) & 1; at grid
         // scope the group's rows of dgh at step s + 1)
@@ -1159,8 +1199,10 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                 __syncthreads();
                 gru_group_arrive(counter, tl.G, target);
             } else {
-                gru_values_written<T, C, NT>(tl.pw, bars, s & 1, tl.row(s & 1, 0, 3), 3 * HS,
-                                             HS, tl.rows, 3, J, tl.j0, HP);
+                int xoff;
+                const bool xok = tl.pack_slot(H, J, 3, xoff);
+                gru_values_written<T, C, NT>(tl.pw, tl.p0, bars, s & 1, tl.row(s & 1, 0, 3), HS,
+                                             3, xoff, xok);
             }
             if (C > 0) fetch(s - GRU_TILE_AHEAD);   // into the slot just read (by this thread)
             gru_step_end<C, NT>(tl.pw);
