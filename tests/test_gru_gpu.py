@@ -186,7 +186,7 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
     assert gru_module.fast_plan(1, 65, 1, np.float32).scope == "cluster"
     assert gru_module.fast_plan(1, 128, 1, np.float32).tile == (4, 4, 1, 256, 2)   # S7
-    assert gru_module.fast_plan(1, 128, 1, np.float32, backward=True).tile == (2, 4, 1, 256, 2)
+    assert gru_module.fast_plan(1, 128, 1, np.float32, backward=True).tile == (4, 4, 1, 256, 2)
     assert gru_module.fast_plan(64, 128, 2, np.float32).tile == (1, 4, 1, 512, 2)  # S4
     assert gru_module.fast_plan(1, 160, 1, np.float32).scope == "cluster"
     assert gru_module.fast_plan(1, 64, 1, np.float64).scope == "block"
