@@ -672,8 +672,7 @@ __device__ __forceinline__ void gru_values_written(int pw, int p0, unsigned long
         if ((unsigned)((int)threadIdx.x - p0) >= (unsigned)pw) return;
         constexpr int V = Pack16<T>::N, NP = 32 / V;   // a warp's packs per segment
         // (the pointwise warps' own barrier, 1, unused at cluster scope: the lanes read values
-        // other lanes stored; a barrier compute-sanitizer's racecheck sees, where __syncwarp
-        // draws its warp-level warnings)
+        // other lanes, of any pointwise warp, stored)
         asm volatile("bar.sync 1, %0;" ::"r"(pw) : "memory");
         const int rank = gru_cluster_rank<C>();
         // (segment, other block) pairs of the lane's pack, the warp's lanes in turn
