@@ -526,7 +526,8 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
     pointwise step; where the warps with pointwise steps move past the product's threads,
     none of them has a part in the product; and at cluster scope each block sends every
     16-byte pack of its units (rows, segments) to every other block of the cluster exactly
-    once, and nothing else."""
+    once, and nothing else: as many bytes as gru_exchange_bytes tells each block's
+    mbarrier to expect (a shortfall would hang the kernel)."""
     C, Q, MR, NT, U = tile
     V = 16 // itemsize
     for R in range(1, MR + 1):
@@ -535,10 +536,14 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
             continue
         J, KS = plan.units, plan.lanes
         HS = KS * Q * V
+        HP = -(-H // V) * V
         for rows in sorted({1, R, 5 % R or R}):
             for segs in (1, 3):
+                received = [0] * C
                 for rank in range(C):
                     steps, p0, sends = _pointwise_and_sends(plan, H, rows, rank, segs, itemsize)
+                    for target, _ in sends:
+                        received[target] += 16
                     owned = [(i, rank * J + u) for i in range(rows)
                              for u in range(min(J, H - rank * J))]
                     assert sorted(steps) == owned and all(len(t) == 1 for t in steps.values())
@@ -547,6 +552,9 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
                                 if other != rank for i in range(rows) for g in range(segs)
                                 for k in range(rank * J, min(rank * J + J, -(-H // V) * V), V)]
                     assert sorted(sends) == sorted(expected), (R, rows, segs, rank)
+                if C > 1:   # gru_exchange_bytes, for block c (j0 = c*J)
+                    assert received == [rows * segs * (HP - max(0, min(J, HP - c * J)))
+                                        * itemsize for c in range(C)]
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
