@@ -456,6 +456,15 @@ def _all_tiles():
     return [(it, tile) for it in (4, 8) for tile in gru_module.TILES[it]]
 
 
+def _splits(B, H, tile, itemsize):
+    """(rows, plan) for each number of rows per group the tile kernels hold at batch B,
+    one direction"""
+    for rows in range(1, tile[2] + 1):
+        plan = gru_module._tile_split(B, H, 1, tile, rows, itemsize)
+        if plan is not None:
+            yield rows, plan
+
+
 @pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512, 1024,
                                1028, 2048])
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
@@ -467,10 +476,7 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
     waves of groups."""
     cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
-    for rows in range(1, max_rows + 1):
-        plan = gru_module._tile_split(37, H, 1, tile, rows, itemsize)
-        if plan is None:
-            continue
+    for rows, plan in _splits(37, H, tile, itemsize):
         blocks = plan.per_group
         assert plan.tile == tile and plan.scope == {0: "grid", 1: "block"}.get(cluster,
                                                                                 "cluster")
@@ -530,10 +536,7 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
     mbarrier to expect (a shortfall would hang the kernel)."""
     C, Q, MR, NT, U = tile
     V = 16 // itemsize
-    for R in range(1, MR + 1):
-        plan = gru_module._tile_split(5, H, 1, tile, R, itemsize)
-        if plan is None:
-            continue
+    for R, plan in _splits(5, H, tile, itemsize):
         J, KS = plan.units, plan.lanes
         HS = KS * Q * V
         HP = -(-H // V) * V

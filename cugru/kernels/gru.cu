@@ -804,11 +804,11 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
         product = wu * U < J;
         wu *= U;
         wn = max(0, min(U, min(J, H - j0) - wu));
+        pw = (J * rows + 31) / 32 * 32;
         p0 = 0;
         int pt = tid;   // the thread's place among the pointwise threads
         if constexpr (C > 1) {
-            if ((J + U - 1) / U * KS + (J * rows + 31) / 32 * 32 <= NT)
-                p0 = NT - (J * rows + 31) / 32 * 32;
+            if ((J + U - 1) / U * KS + pw <= NT) p0 = NT - pw;
             pt = max(tid - p0, 0);
             pi = tid < p0 ? R : pt / J;   // (threads before p0: a row past the last)
             pu = pt - (pt / J) * J;
@@ -817,7 +817,6 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
             pu = tid - pi * J;
         }
         mine = pi < rows && pu < H - j0;
-        pw = (J * rows + 31) / 32 * 32;
         j = mine ? j0 + pu : 0;
         bm = mine ? b0 + pi : 0;
         xoff = 0;
