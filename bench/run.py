@@ -1,4 +1,5 @@
-"""Print (and save) the benchmark table: ours against the baselines timed in the same run.
+"""Print (and save) the cukernels benchmark table: ours against the baselines timed in the
+same run, then the cost of a call (bench/calls.py).
 
     python -m bench.run [--groups elementwise,update,softmax,dense] [--out DIR] [--repeat N]
 
@@ -12,10 +13,10 @@ import json
 import os
 import sys
 
-from . import suite
+from . import calls, cases, timing
 
 
-def judge(b: suite.Bench, row: dict) -> str:
+def judge(b: cases.Bench, row: dict) -> str:
     """'met', 'missed by ...' or '' (no goal measurable) for the case's goal."""
     checks = []
     if "% of copy" in b.goal and row.get("copy_frac") is not None:
@@ -33,11 +34,11 @@ def judge(b: suite.Bench, row: dict) -> str:
 
 
 def run(groups, repeat):
-    copy = suite.copy_bandwidth_gbs()
+    copy = timing.copy_bandwidth_gbs()
     rows = []
     for group in groups:
-        for b in suite.GROUPS[group]():
-            us = suite.gpu_time_us(b.ours, n_repeat=repeat)
+        for b in cases.GROUPS[group]():
+            us = timing.gpu_time_us(b.ours, n_repeat=repeat)
             row = {"case": b.name, "group": b.group, "ours_us": us, "goal": b.goal,
                    "gbs": None, "copy_frac": None, "tflops": None, "baselines": {}}
             if b.bytes:
@@ -46,19 +47,15 @@ def run(groups, repeat):
             if b.flops:
                 row["tflops"] = b.flops / us / 1e6
             for label, fn in b.baselines.items():
-                bu = suite.gpu_time_us(fn, n_repeat=repeat)
+                bu = timing.gpu_time_us(fn, n_repeat=repeat)
                 row["baselines"][label] = {"us": bu, "speedup": bu / us}
             row["verdict"] = judge(b, row)
             rows.append(row)
             print(f"  {b.name}: {us:.1f} us", file=sys.stderr, flush=True)
-    host = []
-    for name, ours, theirs in suite.host_cases():
-        host.append({"case": name, "ours_us": suite.host_time_us(ours),
-                     "torch_us": suite.host_time_us(theirs) if theirs else None})
-    return copy, rows, host
+    return copy, rows, calls.measure()
 
 
-def markdown(copy, rows, host, device) -> str:
+def markdown(copy, rows, host, device, before=None, before_label="before") -> str:
     lines = [f"Device: {device}. Measured device-to-device copy bandwidth: {copy:.0f} GB/s "
              "(bytes read + written). Times are medians of CUDA-event intervals around "
              "back-to-back calls (device time per call); speedup = baseline time / our time "
@@ -71,25 +68,31 @@ def markdown(copy, rows, host, device) -> str:
         lines.append(f"| {r['case']} | {r['ours_us']:.1f} | {fmt(r['gbs'], '.0f')} | "
                      f"{fmt(r['copy_frac'], '.0%')} | {fmt(r['tflops'], '.1f')} | {base} | "
                      f"{r['goal']} | {r['verdict']} |")
-    lines += ["", "Host time per call (tiny inputs, wall clock over back-to-back calls): what a "
-              "call costs when the GPU work is negligible.", "",
-              "| call | ours (us) | torch equivalent (us) |", "|---|---|---|"]
-    for h in host:
-        theirs = "" if h["torch_us"] is None else f"{h['torch_us']:.1f}"
-        lines.append(f"| {h['case']} | {h['ours_us']:.1f} | {theirs} |")
+    lines += ["", "### What a call costs", "",
+              "Wall clock per call of back-to-back calls on tiny inputs (the GRU at T = B = I = "
+              "H = 1, 64 elements otherwise), where the GPU's work is negligible: the host's "
+              "work per call (bench/calls.py), beside torch's own call.", ""]
+    lines += calls.markdown(host, before, before_label)
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cukernels benchmarks against baselines")
-    ap.add_argument("--groups", default=",".join(suite.GROUPS))
+    ap.add_argument("--groups", default=",".join(cases.GROUPS))
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--before", default=None,
+                    help="bench/calls.py's JSON of an earlier tree, shown beside the call costs")
+    ap.add_argument("--before-label", default="before")
     args = ap.parse_args(argv)
     import cupy as cp
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     copy, rows, host = run(args.groups.split(","), args.repeat)
-    table = markdown(copy, rows, host, dev)
+    before = None
+    if args.before:
+        with open(args.before) as f:
+            before = json.load(f)
+    table = markdown(copy, rows, host, dev, before, args.before_label)
     print(table)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -7,17 +7,17 @@ arrays are built and kernels compiled (one warm-up call) before timing starts.
 """
 import pytest
 
-from cukernels import _rt
+from cukernels import runtime
 
-pytestmark = pytest.mark.skipif(not _rt.gpu_available(), reason="no CUDA GPU with CuPy")
+pytestmark = pytest.mark.skipif(not runtime.gpu_available(), reason="no CUDA GPU with CuPy")
 
 
 def _cases():
-    if not _rt.gpu_available():
+    if not runtime.gpu_available():
         return []
-    from bench import suite
+    from bench import cases
     out = []
-    for make in suite.GROUPS.values():
+    for make in cases.GROUPS.values():
         for b in make():
             out.append(pytest.param(b.name, "ours", b.ours, id=f"{b.name}-ours"))
             out += [pytest.param(b.name, label, fn, id=f"{b.name}-{label}")
@@ -41,15 +41,15 @@ def test_benchmark(benchmark, case, impl, fn):
 
 
 def _gru_cases():
-    if not _rt.gpu_available():
+    if not runtime.gpu_available():
         return []
     import cupy as cp
 
-    from bench import gru, suite
-    torch = suite._torch()
+    from bench import gru, shapes, timing
+    torch = timing.torch_cuda()
     out = []
-    for sid, (T, B, I, H, bi) in gru.SHAPES.items():
-        p = gru.make_problem(T, B, I, H, bi)
+    for sid, (T, B, I, H, bi) in shapes.SHAPES.items():
+        p = shapes.make_problem(T, B, I, H, bi)
         calls = {f"ours {label} {kind}": fn for label, path in gru.OURS.items()
                  if path != "fast" or gru.fast_info(p) is not None
                  for kind, fn in zip(("train", "infer"), gru.ours_calls(p, cp, path))}

@@ -4,11 +4,12 @@
     dx, dh0, dw_ih, dw_hh, db_ih, db_hh = gru_backward(dy, dh_n, saved)
 
 torch.nn.GRU's maths and weight layout (gate blocks r | z | n). numpy arrays run the numpy
-oracle (cugru.oracle, the CPU fallback); cupy arrays run the kernels of kernels/gru.cu.
-Layers stack by calling again on y. See docs/api.md.
+oracle (cugru.oracle, the CPU fallback); cupy arrays run the kernels of cugru/kernels/.
+Layers stack by calling again on y. See docs/api.md; cugru.plans shows which GPU plan a
+shape runs, for tools and benchmarks.
 """
 from . import oracle
-from ._args import GruSaved
 from .gru import gru_backward, gru_forward
+from .saved import GruSaved
 
 __all__ = ["gru_forward", "gru_backward", "GruSaved", "oracle"]

@@ -1,4 +1,4 @@
-"""Argument checks shared by both backends, and the saved forward history.
+"""The GRU's argument checks, shared by both backends: each public call validates once here.
 
 Shapes (D = 2 when bidirectional, else 1):
     x (T, B, I); h0 (D, B, H) or None; w_ih (D, 3H, I); w_hh (D, 3H, H); b_ih, b_hh (D, 3H).
@@ -7,45 +7,36 @@ the gradients then come back in that shape too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
-import numpy as np
+from cukernels import checks
 
-from cukernels import _rt
+from .saved import GruSaved
 
 _INT_MAX = 2**31 - 1
+#: the GPU paths: "auto" (the fastest plan for the shape), "fast" (a persistent plan, or an
+#: error), "steps" (one launch per step); numpy arrays run the oracle whatever the path
+PATHS = ("auto", "fast", "steps")
 
 
-@dataclass
-class GruSaved:
-    """What the forward pass keeps for the backward pass (see docs/api.md, "saved layout").
-
-    hs    (D, T + 1, B, H)  hidden states in each direction's step order: hs[d, s] is the
-                            state before step s (hs[d, 0] = h0[d]); direction 0 steps through
-                            time t = s, direction 1 through t = T - 1 - s
-    gates (D, T, B, 4H)     per step r | z | n | hn, with hn = W_hn h + b_hn (the recurrent
-                            candidate term): everything backward needs, so no gate and no
-                            product of the forward pass is recomputed
-    x, w_ih, w_hh           the inputs of the products of the backward pass (views, no copies)
-    """
+class ForwardArgs(NamedTuple):
+    """The checked arguments of a forward pass; the weights with their direction axis."""
+    xp: object
     x: object
-    w_ih: object           # (D, 3H, I)
-    w_hh: object           # (D, 3H, H)
-    hs: object
-    gates: object
-    squeeze: bool          # the weights came as (3H, ...) arrays: return gradients that way
-
-    @property
-    def dims(self):
-        T, B, I = self.x.shape
-        D, H3, H = self.w_hh.shape
-        return T, B, I, H, D
+    h0: object
+    w_ih: object
+    w_hh: object
+    b_ih: object
+    b_hh: object
+    dims: tuple            # (T, B, I, H, D)
+    training: bool
+    squeeze: bool          # the weights came without the direction axis
 
 
-def _flag(name, v):
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {v!r}")
-    return bool(v)
+def check_path(path):
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return path
 
 
 def _weight(name, a, D, rows, cols, cols_of):
@@ -55,22 +46,22 @@ def _weight(name, a, D, rows, cols, cols_of):
         if D != 1:
             raise ValueError(f"{name} has shape {tuple(a.shape)} without a direction axis, but "
                              f"bidirectional=True needs shape {(2,) + base}")
-        _rt.check_array(name, a, ndim=None, shape=base,
-                        shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
+        checks.check_array(name, a, ndim=None, shape=base,
+                           shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
         return a.reshape((1,) + base), True
     if a.ndim == len(base) + 1 and a.shape[0] != D:
         raise ValueError(f"{name} has {a.shape[0]} direction(s) (shape {tuple(a.shape)}), but "
                          f"bidirectional={D == 2} needs {D}")
-    _rt.check_array(name, a, ndim=(len(base) + 1,), shape=(D,) + base,
-                    shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
+    checks.check_array(name, a, ndim=(len(base) + 1,), shape=(D,) + base,
+                       shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
     return a, False
 
 
-def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
-    """Validate the forward arguments: (xp, D, dims, weights with a D axis, h0 or None)."""
-    bidirectional = _flag("bidirectional", bidirectional)
-    training = _flag("training", training)
-    xp = _rt.backend(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training) -> ForwardArgs:
+    """Validate the forward arguments (errors name the argument)."""
+    bidirectional = checks.flag("bidirectional", bidirectional)
+    training = checks.flag("training", training)
+    xp = checks.backend(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     D = 2 if bidirectional else 1
     if x.ndim != 3:
         raise ValueError(f"x must have shape (T, B, I), got shape {tuple(x.shape)}")
@@ -78,7 +69,7 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
     for n, size in (("T", T), ("B", B), ("I", I)):
         if size == 0:
             raise ValueError(f"x has shape {tuple(x.shape)}: {n} = 0; T, B and I must be > 0")
-    dtype = _rt.check_array("x", x, ndim=(3,))
+    dtype = checks.check_array("x", x, ndim=(3,))
     for name, a in (("w_hh", w_hh), ("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh)):
         if a.dtype != dtype:
             raise TypeError(f"{name} has dtype {a.dtype}, expected {dtype} (the dtype of x)")
@@ -95,31 +86,32 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
     b_ih2, _ = _weight("b_ih", b_ih, D, 3 * H, None, None)
     b_hh2, _ = _weight("b_hh", b_hh, D, 3 * H, None, None)
     if h0 is not None:
-        _rt.check_array("h0", h0, ndim=(3,), dtype=dtype, dtype_of="x", shape=(D, B, H),
-                        shape_of="(D, B, H) from bidirectional, x and w_hh")
+        checks.check_array("h0", h0, ndim=(3,), dtype=dtype, dtype_of="x", shape=(D, B, H),
+                           shape_of="(D, B, H) from bidirectional, x and w_hh")
     if max(T * B, 3 * H * D, I) > _INT_MAX:
         raise ValueError("x or the weights have a dimension above 2**31 - 1 (T*B, D*3H or I)")
-    return xp, training, (T, B, I, H, D), (w_ih3, w_hh3, b_ih2, b_hh2), squeeze
+    return ForwardArgs(xp, x, h0, w_ih3, w_hh3, b_ih2, b_hh2, (T, B, I, H, D), training, squeeze)
 
 
 def backward_args(dy, dh_n, saved):
+    """Validate the backward arguments: (xp, (T, B, I, H, D))."""
     if not isinstance(saved, GruSaved):
         raise TypeError("saved must be the third result of gru_forward(..., training=True), got "
                         + ("None (was the forward pass run with training=False?)" if saved is None
                            else type(saved).__name__))
-    T, B, I, H, D = saved.dims
-    xp = _rt.backend(x=saved.x, dy=dy, dh_n=dh_n)
+    T, B, I, H, D = dims = saved.dims
+    xp = checks.backend(x=saved.x, dy=dy, dh_n=dh_n)
     dtype = saved.x.dtype
-    _rt.check_array("dy", dy, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
-                    shape=(T, B, D * H), shape_of="y of the forward pass")
+    checks.check_array("dy", dy, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
+                       shape=(T, B, D * H), shape_of="y of the forward pass")
     if dh_n is not None:
-        _rt.check_array("dh_n", dh_n, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
-                        shape=(D, B, H), shape_of="h_n of the forward pass")
-    return xp, (T, B, I, H, D)
+        checks.check_array("dh_n", dh_n, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
+                           shape=(D, B, H), shape_of="h_n of the forward pass")
+    return xp, dims
 
 
-def unsqueeze_grads(saved, dw_ih, dw_hh, db_ih, db_hh):
-    """Gradients in the shape the weights were given in."""
+def shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh):
+    """The weight gradients in the shape the weights were given in."""
     if saved.squeeze:
         return dw_ih[0], dw_hh[0], db_ih[0], db_hh[0]
     return dw_ih, dw_hh, db_ih, db_hh

@@ -19,16 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._args import GruSaved, backward_args, forward_args, unsqueeze_grads
-
-
-#: the GPU paths gru_forward and gru_backward accept (cugru.gru runs them)
-PATHS = ("auto", "fast", "steps")
-
-
-def check_path(path):
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+from ._args import backward_args, check_path, forward_args, shaped_grads
+from .saved import GruSaved
 
 
 def _sigmoid(v):
@@ -46,10 +38,16 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
     path; it is checked and has no effect here)."""
     check_path(path)
-    xp, training, (T, B, I, H, D), (w_ih, w_hh, b_ih, b_hh), squeeze = forward_args(
-        x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
-    if xp is not np:
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
+    if a.xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_forward for cupy")
+    return forward(a)
+
+
+def forward(a):
+    """The forward pass on checked arguments (cugru._args.ForwardArgs of numpy arrays)."""
+    x, h0, w_ih, w_hh, b_ih, b_hh = a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh
+    T, B, I, H, D = a.dims
     dt = x.dtype
     hs = np.empty((D, T + 1, B, H), dt)
     hs[:, 0] = 0 if h0 is None else h0
@@ -69,16 +67,22 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
             gates[d, s] = np.concatenate([r, z, n, hn], axis=1)
         _step_order(y, d)[:, :, d * H:(d + 1) * H] = hs[d, 1:]
     h_n = hs[:, T].copy()
-    saved = GruSaved(x, w_ih, w_hh, hs, gates, squeeze) if training else None
+    saved = GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze) if a.training else None
     return y, h_n, saved
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):
     """(dx, dh0, dw_ih, dw_hh, db_ih, db_hh) on numpy arrays, from gru_forward's `saved`."""
     check_path(path)
-    xp, (T, B, I, H, D) = backward_args(dy, dh_n, saved)
+    xp, dims = backward_args(dy, dh_n, saved)
     if xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_backward for cupy")
+    return backward(dy, dh_n, saved)
+
+
+def backward(dy, dh_n, saved):
+    """The backward pass on checked arguments (numpy arrays)."""
+    T, B, I, H, D = saved.dims
     dt = dy.dtype
     dgi = np.empty((T, B, D, 3 * H), dt)      # time order: the rows of x
     dgh = np.empty((D, T, B, 3 * H), dt)      # step order: the rows of hs
@@ -106,4 +110,4 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     db_ih = rows_i.sum(axis=0)
     db_hh = dgh.sum(axis=(1, 2))
     dx = (dgi.reshape(T * B, D * 3 * H) @ saved.w_ih.reshape(D * 3 * H, I)).reshape(T, B, I)
-    return (dx, dh0) + unsqueeze_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+    return (dx, dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)

@@ -26,6 +26,7 @@ runs both, from the same seed and data order.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -33,7 +34,7 @@ import time
 import numpy as np
 
 import cukernels as ck
-from cukernels import _rt
+from cukernels import runtime
 
 from . import gru_backward, gru_forward
 
@@ -47,6 +48,8 @@ DEFAULT_LR = {"sgd": 1.0, "momentum": 0.1, "adagrad": 0.1, "rmsprop": 1e-2,
 #: eps of the cross-entropy gradient t / (p + eps): far below any probability that matters,
 #: above float32's smallest normal number (the GPU flushes denormals to zero)
 CE_EPS = 1e-30
+#: the most classes (labels 0 .. C-1) a --data file may have: the output layer has C units
+MAX_CLASSES = 4096
 
 
 class Param:
@@ -138,15 +141,28 @@ def load_digits():
 
 
 def load_npz(path):
-    """X (N, T, I) and y (N,) from a user's .npz, with errors that say what is wrong."""
+    """X (N, T, I) and y (N,) from a user's .npz, with errors that say what is wrong.
+
+    Labels are the integers 0 .. C-1 (C = the largest label + 1, at most MAX_CLASSES); a
+    label in that range that no sample has still gets its output unit, which learns to
+    predict it never (load_npz's caller reports how many there are)."""
+    if os.path.isdir(path):
+        raise ValueError(f"--data {path}: a directory; give an .npz file")
     if not os.path.isfile(path):
         raise ValueError(f"--data {path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files if k in ("X", "y")}
-            keys = sorted(f.files)
-    except Exception as e:  # noqa: BLE001 (not an npz, truncated, pickled objects...)
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 (not a numpy file, truncated, pickled objects...)
         raise ValueError(f"--data {path}: not a readable .npz file ({e})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"--data {path}: a single array (.npy), not an .npz archive; save "
+                         "both arrays with numpy.savez(path, X=X, y=y)")
+    with loaded as f:
+        try:
+            arrays = {k: f[k] for k in f.files if k in ("X", "y")}
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"--data {path}: not a readable .npz file ({e})") from None
+        keys = sorted(f.files)
     missing = {"X", "y"} - set(arrays)
     if missing:
         raise ValueError(f"--data {path}: missing array(s) {sorted(missing)}; it must hold "
@@ -157,18 +173,28 @@ def load_npz(path):
                          f"got {X.shape}")
     if not (np.issubdtype(X.dtype, np.number) and np.isfinite(X).all()):
         raise ValueError(f"--data {path}: X must hold finite numbers (dtype {X.dtype})")
+    with np.errstate(over="ignore"):
+        X32 = X.astype(np.float32)
+    if not np.isfinite(X32).all():
+        raise ValueError(f"--data {path}: X has values beyond float32's range (largest "
+                         f"|X| = {np.abs(X).max():.3g} > {np.finfo(np.float32).max:.3g}); "
+                         "the model trains in float32: scale X first")
     if y.shape != (X.shape[0],):
         raise ValueError(f"--data {path}: y must have shape (N,) = ({X.shape[0]},), "
                          f"got {y.shape}")
     if not np.issubdtype(y.dtype, np.integer):
-        if not (np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0)):
+        if not (np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all()
+                and np.all(np.mod(y, 1) == 0)):
             raise ValueError(f"--data {path}: y must hold integer class labels, got {y.dtype}")
-    y = y.astype(np.int64)
     if y.min() < 0:
         raise ValueError(f"--data {path}: labels must be >= 0, found {y.min()}")
+    if y.max() >= MAX_CLASSES:
+        raise ValueError(f"--data {path}: labels must be below {MAX_CLASSES} (classes 0 .. "
+                         f"C-1, one output unit each), found {y.max():.0f}")
+    y = y.astype(np.int64)
     if X.shape[0] < 2:
         raise ValueError(f"--data {path}: need at least 2 samples (one is held out)")
-    return X.astype(np.float32), y
+    return X32, y
 
 
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
@@ -180,10 +206,11 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
         raise SystemExit("--device gpu: no CUDA GPU with CuPy on this machine")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    xp = _rt.cupy_module() if device == "gpu" else np
+    xp = runtime.cupy_module() if device == "gpu" else np
     lr = DEFAULT_LR[optimizer] if lr is None else lr
     X, labels = load_digits() if data is None else load_npz(data)
     n_classes = int(labels.max()) + 1
+    unused = n_classes - len(np.unique(labels))
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(X))
     n_test = max(1, len(X) // 5)
@@ -224,7 +251,8 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     return {"device": device, "optimizer": optimizer, "history": history,
             "batch_losses": batch_losses,
             "accuracy": history[-1][1], "seconds": seconds, "epoch_seconds": epoch_seconds,
-            "seconds_per_epoch": float(np.median(steady)), "model": model}
+            "seconds_per_epoch": float(np.median(steady)), "model": model,
+            "classes": n_classes, "unused_classes": unused}
 
 
 class _NoBar:
@@ -269,37 +297,93 @@ def plot(history, path, title):
     return True
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
-    ap.add_argument("--epochs", type=int, default=15)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--data", default=None, help=".npz with X (N, T, I) and y (N,)")
+def _writable(ap, flag, path, suffixes=None):
+    """Check before training that `path` can be written: its folder exists, and its suffix
+    is one of `suffixes` where given (errors name the flag)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        ap.error(f"{flag} {path}: a directory; give a file name")
+    if not os.path.isdir(folder):
+        ap.error(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        ap.error(f"{flag} {path}: the folder {folder} is not writable")
+    if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
+        ap.error(f"{flag} {path}: the file name must end in one of {', '.join(suffixes)}")
+
+
+def _plot_formats():
+    """The file suffixes matplotlib writes, or None where matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return tuple("." + k for k in Figure().canvas.get_supported_filetypes())
+
+
+def parser():
+    ap = argparse.ArgumentParser(
+        prog="cugru-train", description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                    help="where to train: the GPU if there is one (auto), or as told")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                    help="cukernels' update for every parameter")
+    ap.add_argument("--epochs", type=int, default=15, help="passes over the training set")
+    ap.add_argument("--hidden", type=int, default=64, help="the GRU's hidden size H")
+    ap.add_argument("--batch", type=int, default=32, help="sequences per step")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="learning rate (default: the optimizer's, " + ", ".join(
+                        f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the weights, the held-out split and the batch order")
+    ap.add_argument("--data", default=None,
+                    help=".npz with X (N, T, I) and integer labels y (N,) in 0..C-1 "
+                         "(default: scikit-learn's digits)")
     ap.add_argument("--save", default=None, help="write the trained weights to this .npz")
     ap.add_argument("--plot", default="training-curves.png",
-                    help="PNG of the loss and accuracy curves ('' for none)")
-    ap.add_argument("--no-progress", action="store_true")
+                    help="image of the loss and accuracy curves ('' for none)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     for name in ("epochs", "hidden", "batch"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1")
-    if args.lr is not None and not args.lr > 0:
-        ap.error("--lr must be > 0")
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.hidden > 65536:
+        ap.error(f"--hidden must be <= 65536, got {args.hidden}")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        ap.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if args.seed < 0:
+        ap.error(f"--seed must be >= 0, got {args.seed}")
+    if args.save:
+        _writable(ap, "--save", args.save, (".npz",))
+    if args.plot:
+        formats = _plot_formats()
+        if formats is None:
+            ap.error("--plot needs matplotlib (pip install matplotlib), or --plot ''")
+        _writable(ap, "--plot", args.plot, formats)
     try:
         r = train(args.device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
                   args.seed, args.data, progress=not args.no_progress)
     except ValueError as e:
         ap.error(str(e))
+    if r["unused_classes"]:
+        print(f"note: {r['unused_classes']} of the {r['classes']} classes (labels 0 .. "
+              f"{r['classes'] - 1}) have no sample; their output units learn to predict "
+              "them never", file=sys.stderr)
     for epoch, (loss, acc) in enumerate(r["history"], 1):
         print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}")
     print(f"device {r['device']}: held-out accuracy {r['accuracy']:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "
           f"{r['seconds']:.1f} s in all")
+    if not all(math.isfinite(loss) for loss, _ in r["history"]):
+        print("error: the loss is not finite (NaN or inf): the model diverged; try a "
+              "smaller --lr", file=sys.stderr)
+        return 1
     if args.save:
         np.savez(args.save, **r["model"].state())
         print(f"weights written to {args.save}")

@@ -4,7 +4,7 @@ Each public function mirrors one document kernel. numpy arrays run the numpy ora
 fallback, cukernels.oracle); cupy arrays run the CUDA kernels. See docs/api.md.
 """
 from . import article, oracle
-from ._rt import gpu_available
+from .runtime import gpu_available
 from .activations import (line_activation, lrelu_activation, lrelu_derivative, mask_mult,
                           sigmoid_activation, sigmoid_derivative, softmax_activation,
                           softmax_derivative, swish_activation, swish_derivative,

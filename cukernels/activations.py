@@ -9,25 +9,53 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _rt, oracle
+from . import _launch, checks, oracle, runtime
 
 _ANY = None  # any number of dimensions
+
+ELEMENTWISE_KERNELS = ("line_activation", "sigmoid_activation", "sigmoid_derivative",
+                       "tanh_activation", "tanh_derivative", "lrelu_activation",
+                       "lrelu_derivative", "swish_activation", "swish_derivative", "mask_mult")
+#: softmax "cached" shapes, tried in order: (threads per row G, units per thread PT); a row
+#: of up to G*PT*V elements fits, V elements a unit (V = 16/itemsize when the row allows, else 1)
+SOFTMAX_SHAPES = ((8, 1), (8, 2), (8, 4), (32, 2), (32, 4), (32, 8), (128, 8), (256, 8), (512, 8))
+#: threads per block of the softmax kernels for rows longer than every cached shape
+LONG_ROW_THREADS = 1024
+#: threads per block of the softmax kernels whose rows take G <= 32 threads
+SOFTMAX_GROUP_THREADS = 256
+
+
+def _softmax_instances(c):
+    pack = 16 // (4 if c == "float" else 8)
+    out = []
+    for g, pt in SOFTMAX_SHAPES:
+        for v in (1, pack):
+            out += [f"softmax_activation<{c},{g},{pt},{v}>", f"softmax_derivative<{c},{g},{pt},{v}>"]
+    return out + [f"softmax_activation_long<{c}>", f"softmax_derivative_long<{c}>"]
+
+
+_launch.register("activations.cu", lambda c: [f"{k}<{c}>" for k in ELEMENTWISE_KERNELS])
+_launch.register("softmax.cu", _softmax_instances)
+_NAMES = {(k, c): f"{k}<{c}>" for k in ELEMENTWISE_KERNELS for c in _launch.CTYPES}
 
 
 def _elementwise(name, arrays, scalars, out):
     """Validate and run one elementwise function; `arrays` is an ordered name -> array dict."""
     (ref_name, ref), *rest = arrays.items()
-    xp = _rt.backend(**arrays, out=out)
-    _rt.check_array(ref_name, ref, ndim=_ANY)
-    _rt.check_same(ref_name, ref, **dict(rest))
-    _rt.check_out(out, ref_name, ref, xp)
-    wrapped = {k: _rt.real(k, v, ref.dtype) for k, v in scalars.items()}
-    if xp is not _rt.cupy_module():
+    xp = checks.backend(**arrays, out=out)
+    checks.check_array(ref_name, ref, ndim=_ANY)
+    if rest:
+        checks.check_same(ref_name, ref, **dict(rest))
+    if out is not None:
+        checks.check_out(out, ref_name, ref)
+    dt = ref.dtype
+    wrapped = {k: checks.real(k, v, dt) for k, v in scalars.items()}
+    if xp is np:
         return getattr(oracle, name)(*arrays.values(), *wrapped.values(), out=out)
     result = out if out is not None else xp.empty_like(ref)
-    return _rt.launch_elementwise("activations.cu", f"{name}<{_rt.ctype(ref.dtype)}>",
-                                  list(arrays.values()), result, a=wrapped.get("a", 0.0),
-                                  b=wrapped.get("b", 0.0))
+    return _launch.launch_elementwise(
+        "activations.cu", _NAMES[name, "float" if dt == np.float32 else "double"],
+        tuple(arrays.values()), result, a=wrapped.get("a", 0.0), b=wrapped.get("b", 0.0))
 
 
 def line_activation(inputs, a=1.0, b=0.0, *, out=None):
@@ -75,17 +103,17 @@ def swish_activation(inputs, b=1.0, *, out=None):
 def swish_derivative(outputs, output_gr, b, inputs, *, out=None):
     """SwishDerivative: ``(b*y + (1 - b*y)*sigmoid(b*x))*g``; needs the pre-activation ``inputs``."""
     arrays = {"outputs": outputs, "output_gr": output_gr, "inputs": inputs}
-    xp = _rt.backend(**arrays, out=out)
-    _rt.check_array("outputs", outputs, ndim=_ANY)
-    _rt.check_same("outputs", outputs, output_gr=output_gr, inputs=inputs)
-    _rt.check_out(out, "outputs", outputs, xp)
-    bb = _rt.real("b", b, outputs.dtype)
-    if xp is not _rt.cupy_module():
+    xp = checks.backend(**arrays, out=out)
+    checks.check_array("outputs", outputs, ndim=_ANY)
+    checks.check_same("outputs", outputs, output_gr=output_gr, inputs=inputs)
+    checks.check_out(out, "outputs", outputs)
+    bb = checks.real("b", b, outputs.dtype)
+    if xp is np:
         return oracle.swish_derivative(outputs, output_gr, bb, inputs, out=out)
     result = out if out is not None else xp.empty_like(outputs)
-    return _rt.launch_elementwise("activations.cu",
-                                  f"swish_derivative<{_rt.ctype(outputs.dtype)}>",
-                                  [outputs, output_gr, inputs], result, b=bb)
+    return _launch.launch_elementwise("activations.cu",
+                                      f"swish_derivative<{_launch.ctype(outputs.dtype)}>",
+                                      (outputs, output_gr, inputs), result, b=bb)
 
 
 def mask_mult(inputs, mask, *, out=None):
@@ -96,27 +124,29 @@ def mask_mult(inputs, mask, *, out=None):
 # ------------------------------------------------------------------------------ softmax
 def _softmax_launch(kind, arrays, out):
     (ref_name, ref), *_ = arrays.items()
-    cp = _rt.cupy_module()
+    cp = runtime.cupy_module()
     cols = ref.shape[-1]
     rows = ref.size // cols
     if cols > 2**31 - 1:
         raise ValueError(f"{ref_name} rows longer than 2**31 - 1 elements are not supported")
     result = out if out is not None else cp.empty_like(ref)
-    c = _rt.ctype(ref.dtype)
+    c = _launch.ctype(ref.dtype)
     pack = 16 // ref.itemsize
-    v = pack if cols % pack == 0 and _rt.aligned16(*arrays.values(), result) else 1
-    shape = next(((g, pt) for g, pt in _rt.SOFTMAX_SHAPES if cols <= g * pt * v), None)
-    args = (*arrays.values(), result, np.int64(rows), np.int32(cols))
+    v = pack if cols % pack == 0 and _launch.aligned16(*arrays.values(), result) else 1
+    shape = next(((g, pt) for g, pt in SOFTMAX_SHAPES if cols <= g * pt * v), None)
+    # (softmax_activation: x, y; softmax_derivative: y, g, out)
+    names = ("x", "y") if kind == "softmax_activation" else ("y", "g", "out")
+    args = dict(zip(names, (*arrays.values(), result)), rows=rows, cols=cols)
     if shape is None:
-        _rt.kernel("softmax.cu", f"{kind}_long<{c}>")((rows,), (_rt.LONG_ROW_THREADS,), args)
+        runtime.launch("softmax.cu", f"{kind}_long<{c}>", (rows,), (LONG_ROW_THREADS,), args)
     else:
         g, pt = shape
-        k = _rt.kernel("softmax.cu", f"{kind}<{c},{g},{pt},{v}>")
+        k = runtime.kernel("softmax.cu", f"{kind}<{c},{g},{pt},{v}>")
         if g <= 32:   # SOFTMAX_GROUP_THREADS threads: that many/g rows a block
-            nt = _rt.SOFTMAX_GROUP_THREADS
-            k((-(-rows * g // nt),), (nt,), args)
+            nt = SOFTMAX_GROUP_THREADS
+            k.launch((-(-rows * g // nt),), (nt,), args)
         else:         # one block of g threads a row
-            k((rows,), (g,), args)
+            k.launch((rows,), (g,), args)
     return result
 
 
@@ -125,21 +155,21 @@ def softmax_activation(inputs, *, out=None):
 
     A 1-D input is one row (the book's layer); an (R, C) input is R rows of C.
     """
-    xp = _rt.backend(inputs=inputs, out=out)
-    _rt.check_array("inputs", inputs, ndim=_ANY)
-    _rt.check_out(out, "inputs", inputs, xp)
-    if xp is not _rt.cupy_module():
+    xp = checks.backend(inputs=inputs, out=out)
+    checks.check_array("inputs", inputs, ndim=_ANY)
+    checks.check_out(out, "inputs", inputs)
+    if xp is np:
         return oracle.softmax_activation(inputs, out=out)
     return _softmax_launch("softmax_activation", {"inputs": inputs}, out)
 
 
 def softmax_derivative(outputs, output_gr, *, out=None):
     """SoftMaxDerivative, row-wise: ``input_gr = y*(g - sum(y*g))`` (the book's sum over j)."""
-    xp = _rt.backend(outputs=outputs, output_gr=output_gr, out=out)
-    _rt.check_array("outputs", outputs, ndim=_ANY)
-    _rt.check_same("outputs", outputs, output_gr=output_gr)
-    _rt.check_out(out, "outputs", outputs, xp)
-    if xp is not _rt.cupy_module():
+    xp = checks.backend(outputs=outputs, output_gr=output_gr, out=out)
+    checks.check_array("outputs", outputs, ndim=_ANY)
+    checks.check_same("outputs", outputs, output_gr=output_gr)
+    checks.check_out(out, "outputs", outputs)
+    if xp is np:
         return oracle.softmax_derivative(outputs, output_gr, out=out)
     return _softmax_launch("softmax_derivative", {"outputs": outputs, "output_gr": output_gr},
                            out)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _rt, oracle
+from . import _launch, checks, oracle, runtime
 from .dense import _layer, feed_forward_gpu, flat_launch, hidden_gradient_gpu
 
 
 def _act_code(activation):
-    code = _rt.integer("activation", activation)
+    code = checks.integer("activation", activation)
     return code if code in (0, 1) else 2
 
 
@@ -23,10 +23,10 @@ def feed_forward(matrix_w, matrix_i, activation):
 
     matrix_w (N, I + 1); matrix_i (I,) or (B, I). Returns (N,) or (B, N).
     """
-    xp = _rt.backend(matrix_w=matrix_w, matrix_i=matrix_i)
+    xp = checks.backend(matrix_w=matrix_w, matrix_i=matrix_i)
     _layer("matrix_w", matrix_w, "matrix_i", matrix_i, lambda n, i: i, "I = columns - 1")
     act = _act_code(activation)
-    if xp is not _rt.cupy_module():
+    if xp is np:
         return oracle.article_feed_forward(matrix_w, matrix_i, act)
     return feed_forward_gpu(matrix_i, matrix_w, act)
 
@@ -38,14 +38,15 @@ def calc_output_gradient(matrix_t, matrix_o, activation):
     with the article's guards ``o' = 0.99 if o == 1``, ``o'' = 0.01 if o == 0``; any other
     activation: ``t - o`` (the article leaves 0 there, which stops a linear output from learning).
     """
-    xp = _rt.backend(matrix_t=matrix_t, matrix_o=matrix_o)
-    _rt.check_array("matrix_t", matrix_t, ndim=None)
-    _rt.check_same("matrix_t", matrix_t, matrix_o=matrix_o)
+    xp = checks.backend(matrix_t=matrix_t, matrix_o=matrix_o)
+    checks.check_array("matrix_t", matrix_t, ndim=None)
+    checks.check_same("matrix_t", matrix_t, matrix_o=matrix_o)
     act = _act_code(activation)
-    if xp is not _rt.cupy_module():
+    if xp is np:
         return oracle.article_calc_output_gradient(matrix_t, matrix_o, act)
-    return _rt.launch_elementwise("losses.cu", f"article_output_gradient<{_rt.ctype(matrix_t.dtype)}>",
-                                  [matrix_t, matrix_o], xp.empty_like(matrix_t), code=act)
+    return _launch.launch_elementwise(
+        "losses.cu", f"article_output_gradient<{_launch.ctype(matrix_t.dtype)}>",
+        (matrix_t, matrix_o), xp.empty_like(matrix_t), code=act)
 
 
 def calc_hidden_gradient(matrix_w, matrix_g, matrix_o, activation):
@@ -54,14 +55,14 @@ def calc_hidden_gradient(matrix_w, matrix_g, matrix_o, activation):
     (identity: ``s``). matrix_g (N_next,) or (B, N_next); matrix_o (I,) or (B, I), this layer's
     outputs. Indexing is the correct ``W[k*(I + 1) + i]`` and no bias weight enters the sum.
     """
-    xp = _rt.backend(matrix_w=matrix_w, matrix_g=matrix_g, matrix_o=matrix_o)
+    xp = checks.backend(matrix_w=matrix_w, matrix_g=matrix_g, matrix_o=matrix_o)
     _, i = _layer("matrix_w", matrix_w, "matrix_g", matrix_g, lambda n, i: n, "N = rows")
     _layer("matrix_w", matrix_w, "matrix_o", matrix_o, lambda n, i: i, "I = columns - 1")
     if matrix_o.shape[:-1] != matrix_g.shape[:-1]:
         raise ValueError(f"matrix_o {tuple(matrix_o.shape)} and matrix_g {tuple(matrix_g.shape)} "
                          "must both be single vectors or batches of the same size")
     act = _act_code(activation)
-    if xp is not _rt.cupy_module():
+    if xp is np:
         return oracle.article_calc_hidden_gradient(matrix_w, matrix_g, matrix_o, act)
     return hidden_gradient_gpu(matrix_w, matrix_g, matrix_o.reshape(-1, i), act)
 
@@ -72,21 +73,23 @@ def update_weights(matrix_w, matrix_g, matrix_i, matrix_dw, learning_rates, mome
 
     matrix_w, matrix_dw (N, I + 1); matrix_g (N,) or (B, N); matrix_i (I,) or (B, I).
     """
-    xp = _rt.backend(matrix_w=matrix_w, matrix_g=matrix_g, matrix_i=matrix_i, matrix_dw=matrix_dw)
+    xp = checks.backend(matrix_w=matrix_w, matrix_g=matrix_g, matrix_i=matrix_i,
+                        matrix_dw=matrix_dw)
     n, i = _layer("matrix_w", matrix_w, "matrix_i", matrix_i, lambda n, i: i, "I = columns - 1")
     _layer("matrix_w", matrix_w, "matrix_g", matrix_g, lambda n, i: n, "N = rows")
-    _rt.check_same("matrix_w", matrix_w, matrix_dw=matrix_dw)
+    checks.check_same("matrix_w", matrix_w, matrix_dw=matrix_dw)
     if matrix_i.shape[:-1] != matrix_g.shape[:-1]:
         raise ValueError(f"matrix_i {tuple(matrix_i.shape)} and matrix_g {tuple(matrix_g.shape)} "
                          "must both be single vectors or batches of the same size")
-    _rt.check_distinct(matrix_w=matrix_w, matrix_dw=matrix_dw, matrix_g=matrix_g, matrix_i=matrix_i)
-    lr = _rt.real("learning_rates", learning_rates, matrix_w.dtype)
-    mom = _rt.real("momentum", momentum, matrix_w.dtype)
-    if xp is not _rt.cupy_module():
+    checks.check_distinct(matrix_w=matrix_w, matrix_dw=matrix_dw, matrix_g=matrix_g,
+                          matrix_i=matrix_i)
+    lr = checks.real("learning_rates", learning_rates, matrix_w.dtype)
+    mom = checks.real("momentum", momentum, matrix_w.dtype)
+    if xp is np:
         return oracle.article_update_weights(matrix_w, matrix_g, matrix_i, matrix_dw, lr, mom)
     x2, g2 = matrix_i.reshape(-1, i), matrix_g.reshape(-1, n)
     grid, vec, inv_l = flat_launch(matrix_w, matrix_dw)
-    _rt.kernel("dense.cu", f"article_update_weights<{_rt.ctype(matrix_w.dtype)}>")(
-        grid, (256,),
-        (matrix_w, g2, x2, matrix_dw, np.int32(x2.shape[0]), np.int32(n), np.int32(i), lr, mom,
-         inv_l, vec))
+    runtime.launch("dense.cu", f"article_update_weights<{_launch.ctype(matrix_w.dtype)}>", grid,
+                   (256,), {"W": matrix_w, "g": g2, "x": x2, "dW": matrix_dw, "B": x2.shape[0],
+                            "N": n, "I": i, "lr": lr, "momentum": mom, "inv_L": inv_l,
+                            "vec": vec})

@@ -1,15 +1,17 @@
 """Compile every registered kernel instance without a GPU, and report registers and spills.
 
-    python -m cukernels.compile_check [--arch sm_90 --arch sm_80] [--werror]
+    python -m cukernels.compile_check [--arch sm_90 --arch sm_80] [--werror] [--package cugru]
 
-Each source in the registry (cukernels._rt.REGISTRY, the list the runtime launches from, so
-nothing can be left out) is compiled by nvcc to a cubin for every arch, with the header pasted
-in as at run time and with the options CuPy's NVRTC build uses (-std=c++17 -ftz=true).
+Needs nvcc (about 90 s for every source on two archs). Each registered source (the runtime's
+registry, the list the packages launch from, so nothing can be left out: the packages that
+declare sources through the `cukernels.kernel_sources` entry points, and any given with
+--package) is compiled by nvcc to a cubin for every arch, as the runtime compiles it (rendered
+defines, headers pasted) and with the options CuPy's NVRTC build uses (-std=c++17 -ftz=true).
 Taking each template instance's address in host code makes nvcc instantiate exactly those.
 Exit status 1 on any compile error (and on any warning with --werror), on a spill in an
-instance launched on that arch (cugru's cluster and 512-thread tile kernels are compiled for
-sm_80 but launched from sm_90 on), or when a registered instance does not appear in ptxas'
-report.
+instance launched on that arch, when a registered instance does not appear in ptxas' report,
+or when the parameters the runtime reads from a kernel's declaration are not the types the
+compiler mangled into its name.
 """
 from __future__ import annotations
 
@@ -20,21 +22,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib import import_module
 
-from . import _rt
+from . import runtime
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
 _REGS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_ARCH = re.compile(r"sm_(\d{2,3})a?")
 
 
-def instance_source(filename: str) -> str:
-    names = _rt.REGISTRY[filename]
-    refs = ",\n".join(f"    (void*)&{n}" for n in names)
-    return (_rt.load_source(filename)
-            + f"\n// compile check: instantiate every registered kernel\n"
-            f"extern void* const ck_registered_instances[];\n"
+def instance_source(src: runtime.Source) -> str:
+    refs = ",\n".join(f"    (void*)&{n}" for n in src.names())
+    return (src.text()
+            + "\n// compile check: instantiate every registered kernel\n"
+            "extern void* const ck_registered_instances[];\n"
             f"void* const ck_registered_instances[] = {{\n{refs}\n}};\n")
 
 
@@ -56,18 +59,53 @@ def instance_name(demangled):
     return re.sub(r"\((?:unsigned|signed|int|long|short|char)+\)", "", head)
 
 
-def counted_spills(filename: str, arch: str, rows):
+_MANGLED_KIND = [(r"\*", "ptr"), (r"^(unsigned long long|long long)$", "i64"),
+                 (r"^unsigned int$", "u32"), (r"^int$", "i32"), (r"^float$", "f32"),
+                 (r"^double$", "f64")]
+
+
+def parameter_kinds(demangled):
+    """The kind of each parameter in a demangled kernel name ('float const*' -> 'ptr')."""
+    inner = demangled[demangled.rindex("(") + 1:demangled.rindex(")")]
+    kinds = []
+    for p in (s.strip() for s in inner.split(",") if s.strip()):
+        p = re.sub(r"\b(const|volatile|__restrict__)\b", "", p).strip()
+        p = re.sub(r"\s+", " ", p.replace(" *", "*"))
+        kinds.append(next((k for pat, k in _MANGLED_KIND if re.search(pat, p)), p))
+    return kinds
+
+
+def signature_mismatches(src: runtime.Source, rows):
+    """Instances whose parameters, as the runtime reads them from the declaration, are not
+    the compiler's (the runtime packs every launch by them)."""
+    sigs = runtime.parse_signatures(src.text())
+    bad = []
+    for r in rows:
+        name = r.get("name") or ""
+        if "(" not in name:
+            continue
+        inst = instance_name(name)
+        params = sigs.get(inst.split("<", 1)[0])
+        elem = {"float": "f32", "double": "f64"}.get(runtime.element_type(inst) or "")
+        want = [elem if k == "elem" else k for _, k in params] if params else None
+        if want != parameter_kinds(name):
+            bad.append(f"{inst}: declared {want}, compiled {parameter_kinds(name)}")
+    return bad
+
+
+def counted_spills(src: runtime.Source, arch: str, rows):
     """The rows of `check` with register spills that count: those of instances launched on
-    `arch` (cugru's cluster and 512-thread tile kernels run from sm_90 on)."""
-    cc = int(arch.split("_")[1])
+    `arch` (a package may compile instances it launches only on newer GPUs)."""
+    cc = int(_ARCH.fullmatch(arch).group(1))
     return [r for r in rows if (r["spill"][1] or r["spill"][2])
-            and _rt.launched_on(filename, instance_name(r.get("name") or r["mangled"]), cc)]
+            and src.launched_on(instance_name(r.get("name") or r["mangled"]), cc)]
 
 
-def check(filename: str, arch: str, nvcc: str, werror: bool, workdir: str):
-    path = os.path.join(workdir, filename)
+def check(src: runtime.Source, arch: str, nvcc: str, werror: bool, workdir: str):
+    """Compile one source for one arch: (nvcc's exit status, its log, a row per kernel)."""
+    path = os.path.join(workdir, src.name)
     with open(path, "w") as f:
-        f.write(instance_source(filename))
+        f.write(instance_source(src))
     cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-ftz=true", "-Xptxas", "-v",
            "-o", os.devnull, path]
     if werror:
@@ -94,36 +132,67 @@ def check(filename: str, arch: str, nvcc: str, werror: bool, workdir: str):
     return proc.returncode, log, rows
 
 
+def row_line(arch, src_name, r):
+    st, ss, sl = r["spill"]
+    return (f"{arch} {src_name:16s} {r['regs']:>3} regs {r['smem']:>5} B smem "
+            f"stack {st:>4} B spill {ss}/{sl} B  {r.get('name', r['mangled'])}")
+
+
+def load_sources(packages=()):
+    """The registered sources, after importing the declared packages and `packages`."""
+    for p in packages:
+        import_module(p)
+    return runtime.discover()
+
+
+def _arch(value):
+    if not _ARCH.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a GPU architecture; expected "
+                                         "sm_XX, e.g. sm_90 or sm_80")
+    return value
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", action="append", help="sm_XX (default: sm_90 and sm_80)")
-    ap.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--arch", action="append", type=_arch,
+                    help="sm_XX, repeatable (default: sm_90 and sm_80)")
+    ap.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"),
+                    help="the nvcc to run (or set NVCC)")
     ap.add_argument("--werror", action="store_true", help="treat compiler warnings as errors")
+    ap.add_argument("--package", action="append", default=[],
+                    help="also check the sources this package registers (repeatable)")
     args = ap.parse_args(argv)
     archs = args.arch or ["sm_90", "sm_80"]
     if shutil.which(args.nvcc) is None:
-        print(f"compile check: nvcc not found ({args.nvcc}); set NVCC or add it to PATH")
-        return 1
+        ap.error(f"--nvcc {args.nvcc}: not found; install the CUDA toolkit or set NVCC")
+    try:
+        found = load_sources(["cukernels"] + args.package)
+    except ImportError as e:
+        ap.error(f"--package: {e}")
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for arch in archs:
-            for filename in _rt.REGISTRY:
-                rc, log, rows = check(filename, arch, args.nvcc, args.werror, tmp)
-                expected = len(_rt.REGISTRY[filename])
+            for src in found.values():
+                rc, log, rows = check(src, arch, args.nvcc, args.werror, tmp)
+                expected = len(src.names())
                 ok = rc == 0 and len(rows) == expected
-                spills = counted_spills(filename, arch, rows)
-                print(f"== {filename} [{arch}]: {'ok' if ok else 'FAILED'}, {len(rows)} of "
-                      f"{expected} kernels compiled, {len(spills)} with spills")
-                if rc != 0 or len(rows) != expected:
+                spills = counted_spills(src, arch, rows)
+                wrong = signature_mismatches(src, rows) if ok else []
+                print(f"== {src.name} [{arch}]: {'ok' if ok else 'FAILED'}, {len(rows)} of "
+                      f"{expected} kernels compiled, {len(spills)} with spills, "
+                      f"{len(wrong)} with parameters the runtime reads wrong")
+                if not ok:
                     print(log)
                     failures += 1
+                for line in wrong:
+                    print(f"   PARAMETERS {line}")
                 for r in rows:
-                    st, ss, sl = r["spill"]
-                    print(f"   {r['regs']:>3} regs  {r['smem']:>5} B smem  stack {st:>4} B  "
-                          f"spill {ss}/{sl} B  {r.get('name', r['mangled'])}")
-                failures += len(spills)
+                    print("   " + row_line(arch, src.name, r))
+                failures += len(spills) + len(wrong)
+    total = sum(len(s.names()) for s in found.values())
     print(f"compile check: {'FAILED' if failures else 'passed'} ({len(archs)} archs, "
-          f"{sum(len(v) for v in _rt.REGISTRY.values())} kernel instances per arch)")
+          f"{len(found)} sources: {', '.join(found)}; {total} kernel instances per arch)")
     return 1 if failures else 0
 
 

@@ -1,7 +1,12 @@
 """CalcOutputGradient: the output layer's gradient (descent direction ``-dL/do``)."""
 from __future__ import annotations
 
-from . import _rt, oracle
+import numpy as np
+
+from . import _launch, checks, oracle
+
+_launch.register("losses.cu", lambda c: [f"calc_output_gradient<{c},{b}>" for b in _launch.BOOLS]
+                 + [f"article_output_gradient<{c}>"])
 
 
 def calc_output_gradient(target, outputs, loss_function, *, variant="standard", eps=1e-7,
@@ -15,19 +20,20 @@ def calc_output_gradient(target, outputs, loss_function, *, variant="standard", 
     ``(t - o)/(o*(o - 1) + 1e-37)`` (the opposite sign). ``eps`` applies to the standard form.
     target and outputs: same shape and dtype; `out` may alias either.
     """
-    xp = _rt.backend(target=target, outputs=outputs, out=out)
-    _rt.check_array("target", target, ndim=None)
-    _rt.check_same("target", target, outputs=outputs)
-    _rt.check_out(out, "target", target, xp)
-    code = _rt.integer("loss_function", loss_function)
-    variant = _rt.variant_of(variant)
-    eps = _rt.real("eps", eps, target.dtype, min_value=0.0)
+    xp = checks.backend(target=target, outputs=outputs, out=out)
+    checks.check_array("target", target, ndim=None)
+    checks.check_same("target", target, outputs=outputs)
+    checks.check_out(out, "target", target)
+    code = checks.integer("loss_function", loss_function)
+    variant = checks.variant_of(variant)
+    eps = checks.real("eps", eps, target.dtype, min_value=0.0)
     if not -2**31 <= code < 2**31:
         code = 0  # the kernel's switch takes an int: every other code means t - o
-    if xp is not _rt.cupy_module():
+    if xp is np:
         return oracle.calc_output_gradient(target, outputs, code, variant=variant, eps=eps,
                                            out=out)
     result = out if out is not None else xp.empty_like(target)
     book = "true" if variant == "book" else "false"
-    return _rt.launch_elementwise("losses.cu", f"calc_output_gradient<{_rt.ctype(target.dtype)},{book}>",
-                                  [target, outputs], result, a=eps, code=code)
+    return _launch.launch_elementwise(
+        "losses.cu", f"calc_output_gradient<{_launch.ctype(target.dtype)},{book}>",
+        (target, outputs), result, a=eps, code=code)

@@ -10,75 +10,102 @@ variant="standard" (default) fixes the book's defects (docs/fidelity.md): decoup
 lr-scaled regularisation ``w -= lr*(lambda1*sign(w) + lambda2*w)``, real epsilons, AdaGrad's
 gradient factor, Zeiler's AdaDelta, Adam's bias correction by step ``t``.
 variant="book" keeps the book's formulas as written.
+
+Scalars are checked by one rule for every update and variant: finite in the arrays' dtype;
+the regularisation factors and eps >= 0; every decay rate (beta, beta1, beta2) in [0, 1).
 """
 from __future__ import annotations
 
-from . import _rt, oracle
+import numpy as np
+
+from . import _launch, checks, oracle
+
+UPDATE_KERNELS = ("sgd_update", "momentum_update", "adagrad_update", "rmsprop_update",
+                  "adadelta_update", "adam_update")
+_launch.register("optim.cu", lambda c: [f"{k}<{c},{b}>" for k in UPDATE_KERNELS
+                                        for b in _launch.BOOLS])
+#: the range of each scalar: (lowest, highest or None); decay rates stay below their highest
+_RANGES = {"learning_rate": (None, None), "lambda1": (0.0, None), "lambda2": (0.0, None),
+           "eps": (0.0, None), "beta": (0.0, 1.0), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0)}
 
 
 def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
+    """Check the arrays and scalars; True to run the kernels, False for the oracle. Returns
+    (gpu, {name: scalar in the arrays' dtype})."""
     arrays = {"delta_weights": delta_weights, "weights": weights, **states}
-    xp = _rt.backend(**arrays)
-    _rt.check_array("weights", weights, ndim=None)
-    _rt.check_same("weights", weights, delta_weights=delta_weights, **states)
-    _rt.check_distinct(**arrays)
-    _rt.integer("batch_size", batch_size, min_value=1)
-    _rt.variant_of(variant)
-    for name, (value, low) in scalars.items():
-        _rt.real(name, value, weights.dtype, min_value=low)
-    return xp is _rt.cupy_module()
+    xp = checks.backend(**arrays)
+    dt = checks.check_array("weights", weights, ndim=None)
+    checks.check_same("weights", weights, delta_weights=delta_weights, **states)
+    checks.check_distinct(**arrays)
+    checks.integer("batch_size", batch_size, min_value=1)
+    checks.variant_of(variant)
+    wrapped = {}
+    for name, value in scalars.items():
+        low, high = _RANGES[name]
+        wrapped[name] = checks.real(name, value, dt, min_value=low, max_value=high,
+                                    below_max=True)
+    return xp is not np, wrapped
+
+
+_KERNEL_ARG = {"learning_rate": "lr", "lambda1": "l1", "lambda2": "l2", "beta": "beta1",
+               "beta1": "beta1", "beta2": "beta2", "eps": "eps"}
+
+
+def _run(name, variant, delta_weights, weights, s1, s2, batch_size, scalars, **extra):
+    """Launch the update kernel `name` with the checked scalars (kernel parameter names)."""
+    dt = weights.dtype.type
+    args = {_KERNEL_ARG[k]: v for k, v in scalars.items()}   # (already in the dtype)
+    args["batch"] = dt(batch_size)
+    for k, v in extra.items():
+        args[k] = dt(v)
+    _launch.launch_update(name, variant, delta_weights, weights, s1, s2, args)
 
 
 def sgd_update(delta_weights, weights, batch_size, learning_rate=3e-4, lambda1=0.0,
                lambda2=0.0, *, variant="standard"):
     """SGDUpdate: ``w = reg(w) + lr*D/batch``; D = 0."""
-    gpu = _prepare(delta_weights, weights, {}, batch_size, variant,
-                   {"learning_rate": (learning_rate, None), "lambda1": (lambda1, 0.0),
-                    "lambda2": (lambda2, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights, {}, batch_size, variant,
+                       {"learning_rate": learning_rate, "lambda1": lambda1, "lambda2": lambda2})
     if not gpu:
         return oracle.sgd_update(delta_weights, weights, batch_size, learning_rate, lambda1,
                                  lambda2, variant=variant)
-    _rt.launch_update("sgd_update", variant, delta_weights, weights, None, None, batch_size,
-                      learning_rate, 0.0, 0.0, lambda1, lambda2, 0.0, 0.0, 0.0)
+    _run("sgd_update", variant, delta_weights, weights, None, None, batch_size, sc)
 
 
 def momentum_update(delta_weights, weights, momentum, batch_size, learning_rate=3e-4, beta=0.9,
                     lambda1=0.0, lambda2=0.0, *, variant="standard"):
     """MomentumUpdate: ``m = lr*d + beta*m; w = reg(w) + m``; D = 0 (m equals -lr*torch's buffer)."""
-    gpu = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
-                   {"learning_rate": (learning_rate, None), "beta": (beta, 0.0),
-                    "lambda1": (lambda1, 0.0), "lambda2": (lambda2, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
+                       {"learning_rate": learning_rate, "beta": beta, "lambda1": lambda1,
+                        "lambda2": lambda2})
     if not gpu:
         return oracle.momentum_update(delta_weights, weights, momentum, batch_size,
                                       learning_rate, beta, lambda1, lambda2, variant=variant)
-    _rt.launch_update("momentum_update", variant, delta_weights, weights, momentum, None,
-                      batch_size, learning_rate, beta, 0.0, lambda1, lambda2, 0.0, 0.0, 0.0)
+    _run("momentum_update", variant, delta_weights, weights, momentum, None, batch_size, sc)
 
 
 def adagrad_update(delta_weights, weights, momentum, batch_size, learning_rate=3e-4,
                    lambda1=0.0, lambda2=0.0, *, variant="standard", eps=1e-10):
     """AdaGradUpdate: ``G += d*d; w = reg(w) + lr*d/(sqrt(G) + eps)``; book: ``+ lr/sqrt(G + 1e-37)``."""
-    gpu = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
-                   {"learning_rate": (learning_rate, None), "lambda1": (lambda1, 0.0),
-                    "lambda2": (lambda2, 0.0), "eps": (eps, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
+                       {"learning_rate": learning_rate, "lambda1": lambda1, "lambda2": lambda2,
+                        "eps": eps})
     if not gpu:
         return oracle.adagrad_update(delta_weights, weights, momentum, batch_size, learning_rate,
                                      lambda1, lambda2, variant=variant, eps=eps)
-    _rt.launch_update("adagrad_update", variant, delta_weights, weights, momentum, None,
-                      batch_size, learning_rate, 0.0, 0.0, lambda1, lambda2, eps, 0.0, 0.0)
+    _run("adagrad_update", variant, delta_weights, weights, momentum, None, batch_size, sc)
 
 
 def rmsprop_update(delta_weights, weights, momentum, batch_size, learning_rate=3e-4, beta=0.9,
                    lambda1=0.0, lambda2=0.0, *, variant="standard", eps=1e-8):
     """RMSPropUpdate: ``G = beta*G + (1 - beta)*d*d; w = reg(w) + lr*d/(sqrt(G) + eps)``."""
-    gpu = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
-                   {"learning_rate": (learning_rate, None), "beta": (beta, 0.0),
-                    "lambda1": (lambda1, 0.0), "lambda2": (lambda2, 0.0), "eps": (eps, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights, {"momentum": momentum}, batch_size, variant,
+                       {"learning_rate": learning_rate, "beta": beta, "lambda1": lambda1,
+                        "lambda2": lambda2, "eps": eps})
     if not gpu:
         return oracle.rmsprop_update(delta_weights, weights, momentum, batch_size, learning_rate,
                                      beta, lambda1, lambda2, variant=variant, eps=eps)
-    _rt.launch_update("rmsprop_update", variant, delta_weights, weights, momentum, None,
-                      batch_size, learning_rate, beta, 0.0, lambda1, lambda2, eps, 0.0, 0.0)
+    _run("rmsprop_update", variant, delta_weights, weights, momentum, None, batch_size, sc)
 
 
 def adadelta_update(delta_weights, weights, momentum_w, momentum_g, batch_size, beta1=0.9,
@@ -89,17 +116,16 @@ def adadelta_update(delta_weights, weights, momentum_w, momentum_g, batch_size, 
     w = reg(w) + lr*u`` (momentum_w = W, the squared updates; momentum_g = G).
     Book: W averages the squared weights and ``w += d*sqrt(W)/(sqrt(G) + 1e-37)``.
     """
-    gpu = _prepare(delta_weights, weights, {"momentum_w": momentum_w, "momentum_g": momentum_g},
-                   batch_size, variant,
-                   {"beta1": (beta1, 0.0), "beta2": (beta2, 0.0), "lambda1": (lambda1, 0.0),
-                    "lambda2": (lambda2, 0.0), "learning_rate": (learning_rate, None),
-                    "eps": (eps, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights,
+                       {"momentum_w": momentum_w, "momentum_g": momentum_g}, batch_size, variant,
+                       {"beta1": beta1, "beta2": beta2, "lambda1": lambda1, "lambda2": lambda2,
+                        "learning_rate": learning_rate, "eps": eps})
     if not gpu:
         return oracle.adadelta_update(delta_weights, weights, momentum_w, momentum_g, batch_size,
                                       beta1, beta2, lambda1, lambda2, variant=variant,
                                       learning_rate=learning_rate, eps=eps)
-    _rt.launch_update("adadelta_update", variant, delta_weights, weights, momentum_w, momentum_g,
-                      batch_size, learning_rate, beta1, beta2, lambda1, lambda2, eps, 0.0, 0.0)
+    _run("adadelta_update", variant, delta_weights, weights, momentum_w, momentum_g, batch_size,
+         sc)
 
 
 def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, learning_rate=3e-4,
@@ -110,22 +136,19 @@ def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, lear
     w = reg(w) + lr*(M/(1-b1^t))/(sqrt(V/(1-b2^t)) + eps)``.
     Book: bias correction by ``(1 - b)`` with no step counter, ``1e-37`` for eps; ``t`` unused.
     """
-    gpu = _prepare(delta_weights, weights, {"momentum_m": momentum_m, "momentum_v": momentum_v},
-                   batch_size, variant,
-                   {"learning_rate": (learning_rate, None), "beta1": (beta1, 0.0),
-                    "beta2": (beta2, 0.0), "lambda1": (lambda1, 0.0), "lambda2": (lambda2, 0.0),
-                    "eps": (eps, 0.0)})
+    gpu, sc = _prepare(delta_weights, weights,
+                       {"momentum_m": momentum_m, "momentum_v": momentum_v}, batch_size, variant,
+                       {"learning_rate": learning_rate, "beta1": beta1, "beta2": beta2,
+                        "lambda1": lambda1, "lambda2": lambda2, "eps": eps})
     if variant == "standard":
         if t is None:
             raise ValueError("t (the step number, from 1) is required for variant='standard'")
-        _rt.integer("t", t, min_value=1)
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
+        checks.integer("t", t, min_value=1)
     if not gpu:
         return oracle.adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size,
                                   learning_rate, beta1, beta2, lambda1, lambda2, t=t,
                                   variant=variant, eps=eps)
     c1, c2 = (0.0, 0.0) if variant == "book" else oracle.adam_bias_factors(learning_rate, beta1,
                                                                             beta2, t)
-    _rt.launch_update("adam_update", variant, delta_weights, weights, momentum_m, momentum_v,
-                      batch_size, learning_rate, beta1, beta2, lambda1, lambda2, eps, c1, c2)
+    _run("adam_update", variant, delta_weights, weights, momentum_m, momentum_v, batch_size, sc,
+         c1=c1, c2=c2)

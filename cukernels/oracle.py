@@ -6,6 +6,8 @@ arrays' dtype. Arguments are assumed valid here (the public functions check them
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 BOOK_TINY = np.float32(1e-37)  # the documents' epsilon, a float literal in their source
@@ -217,7 +219,8 @@ def adadelta_update(delta_weights, weights, momentum_w, momentum_g, batch_size, 
 
 def adam_bias_factors(learning_rate, beta1, beta2, t):
     """(lr/(1 - beta1^t), 1/sqrt(1 - beta2^t)), computed in float64 on the host."""
-    return learning_rate / (1.0 - beta1 ** t), 1.0 / np.sqrt(1.0 - beta2 ** t)
+    lr, b1, b2 = float(learning_rate), float(beta1), float(beta2)
+    return lr / (1.0 - b1 ** t), 1.0 / math.sqrt(1.0 - b2 ** t)
 
 
 def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, learning_rate=3e-4,

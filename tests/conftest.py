@@ -5,7 +5,17 @@ import zlib
 import numpy as np
 import pytest
 
-from cukernels import _rt
+import cugru  # noqa: F401  (registers the GRU's kernel sources)
+from cukernels import runtime
+
+#: where the compile check's table of registers and spills goes (pytest --compile-report
+#: prints it too)
+COMPILE_REPORT = os.path.join("build", "compile-report.txt")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--compile-report", action="store_true",
+                     help="print the compile check's registers and spills of every kernel")
 
 
 def pytest_configure(config):
@@ -13,16 +23,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long or memory-hungry (GPU > 2**31 elements)")
     config.addinivalue_line("markers", "compile: nvcc compile check of every kernel instance")
     config._ck_compile_rows = []
-    if os.environ.get("CK_NO_POOL") and _rt.cupy_module() is not None:
+    if os.environ.get("CK_NO_POOL") and runtime.cupy_module() is not None:
         # under compute-sanitizer: one cudaMalloc per array, so that an access past an
         # array's end is past its allocation too (a pool would hide it inside a larger chunk)
-        cupy = _rt.cupy_module()
+        cupy = runtime.cupy_module()
         cupy.cuda.set_allocator(None)
         cupy.cuda.set_pinned_memory_allocator(None)
 
 
 def pytest_collection_modifyitems(config, items):
-    if _rt.gpu_available():
+    if runtime.gpu_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU with CuPy on this machine")
     for item in items:
@@ -30,16 +40,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """CK_COMPILE_LOG=FILE: write the seconds each kernel module took to load the first time
+    in this run (NVRTC compile, or a read of CuPy's disk cache) as JSON, for the GPU report."""
+    path = os.environ.get("CK_COMPILE_LOG")
+    if path and runtime.COMPILE_SECONDS:
+        import json
+        with open(path, "w") as f:
+            json.dump({f"{src} [{group}]": s for (src, group), s in
+                       runtime.COMPILE_SECONDS.items()}, f, indent=1)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     rows = config._ck_compile_rows
     if not rows:
         return
-    terminalreporter.section("kernel registers and spills (nvcc -Xptxas -v)")
-    for arch, filename, r in rows:
-        st, ss, sl = r["spill"]
-        terminalreporter.write_line(
-            f"{arch} {filename:15s} {r['regs']:>3} regs {r['smem']:>5} B smem "
-            f"stack {st} B spill {ss}/{sl} B  {r.get('name', r['mangled'])}")
+    from cukernels.compile_check import row_line
+    lines = [row_line(arch, name, r) for arch, name, r in rows]
+    path = os.path.join(str(config.rootpath), COMPILE_REPORT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if config.getoption("--compile-report"):
+        terminalreporter.section("kernel registers and spills (nvcc -Xptxas -v)")
+        for line in lines:
+            terminalreporter.write_line(line)
+    else:
+        terminalreporter.write_line(f"compile check: registers and spills of {len(lines)} "
+                                    f"kernel instances in {COMPILE_REPORT} "
+                                    "(--compile-report prints them)")
 
 
 @pytest.fixture

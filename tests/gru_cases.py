@@ -1,7 +1,7 @@
 """Shapes, random GRU problems and the torch.nn.GRU reference, shared by the GRU tests."""
 import numpy as np
 
-from bench.gru import SHAPES as BENCH_SHAPES  # noqa: F401  (id -> T, B, I, H, bi)
+from bench.shapes import SHAPES as BENCH_SHAPES  # noqa: F401  (id -> T, B, I, H, bi)
 
 SIZES = (1, 2, 3, 17, 33, 130)
 # (T, B, I, H): two rotations of SIZES, so that every size appears in every position

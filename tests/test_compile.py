@@ -1,55 +1,102 @@
-"""Every registered kernel instance compiles for sm_90 and sm_80 with nvcc, without spills."""
+"""Every registered kernel instance compiles for sm_90 and sm_80 with nvcc, without spills,
+with the parameters the runtime reads from its declaration (no GPU needed)."""
 import os
+import pathlib
 import shutil
 import tempfile
 
 import pytest
 
-from cukernels import _rt, compile_check
+import cugru  # noqa: F401  (registers the GRU's kernel sources)
+from cugru import _catalog
+from cukernels import compile_check, runtime
 
 NVCC = os.environ.get("NVCC", "nvcc")
+SOURCES = sorted(runtime.sources())
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-@pytest.mark.parametrize("filename", sorted(_rt.REGISTRY))
-def test_kernel_source_compiles(filename, arch, request):
+@pytest.mark.parametrize("name", SOURCES)
+def test_kernel_source_compiles(name, arch, request):
     if shutil.which(NVCC) is None:
         if os.environ.get("CI"):
             pytest.fail("CI needs nvcc for the compile check")
         pytest.skip("nvcc is not installed")
+    src = runtime.source(name)
     with tempfile.TemporaryDirectory() as tmp:
-        rc, log, rows = compile_check.check(filename, arch, NVCC, True, tmp)
+        rc, log, rows = compile_check.check(src, arch, NVCC, True, tmp)
     assert rc == 0, log
-    request.config._ck_compile_rows += [(arch, filename, r) for r in rows]
+    request.config._ck_compile_rows += [(arch, name, r) for r in rows]
     compiled = {compile_check.instance_name(r["name"]) for r in rows}
-    expected = {n.replace(" ", "") for n in _rt.REGISTRY[filename]}
-    assert compiled == expected
-    spills = [r["name"] for r in compile_check.counted_spills(filename, arch, rows)]
+    assert compiled == {n.replace(" ", "") for n in src.names()}
+    spills = [r["name"] for r in compile_check.counted_spills(src, arch, rows)]
     assert not spills, f"register spills in {spills}"
+    assert compile_check.signature_mismatches(src, rows) == []
 
 
 def test_tile_kernels_launched_per_arch():
     """Spills count only where an instance is launched: the GRU's cluster and 512-thread tile
     kernels from sm_90 on, every other kernel everywhere."""
+    tile = runtime.source("gru_tile.cu")
     name = "gru_tile_backward<float,{},8,1,{},1>"
-    assert _rt.launched_on("gru.cu", name.format(1, 256), 80)
-    assert not _rt.launched_on("gru.cu", name.format(1, 512), 80)
-    assert not _rt.launched_on("gru.cu", name.format(2, 256), 80)
-    assert _rt.launched_on("gru.cu", name.format(2, 256), 90)
-    assert _rt.launched_on("gru.cu", name.format(1, 512), 90)
-    assert _rt.launched_on("gru.cu", "gru_forward_step<float,true>", 80)
+    assert tile.launched_on(name.format(1, 256), 80)
+    assert not tile.launched_on(name.format(1, 512), 80)
+    assert not tile.launched_on(name.format(2, 256), 80)
+    assert tile.launched_on(name.format(2, 256), 90)
+    assert tile.launched_on(name.format(1, 512), 90)
+    assert runtime.source("gru_steps.cu").launched_on("gru_forward_step<float,true>", 80)
     rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
              "spill": (8, 4, 4)}]
-    assert compile_check.counted_spills("gru.cu", "sm_90", rows) == rows
-    assert compile_check.counted_spills("gru.cu", "sm_80", rows) == []
+    assert compile_check.counted_spills(tile, "sm_90", rows) == rows
+    assert compile_check.counted_spills(tile, "sm_80", rows) == []
 
 
-def test_header_is_inlined_and_every_source_includes_it():
-    for filename in _rt.REGISTRY:
-        text = _rt.load_source(filename)
-        assert '#include "common.cuh"' not in text
-        assert "ew_map" in text  # a definition from the header
-    # every .cu file on disk is registered (nothing escapes the compile check)
-    on_disk = {p.name for d in (_rt.KERNEL_DIR, _rt.GRU_KERNEL_DIR) for p in d.glob("*.cu")}
-    assert on_disk == set(_rt.REGISTRY)
+def test_a_parameter_the_runtime_reads_wrong_is_reported():
+    """The compile check compares the runtime's reading of a declaration with the types the
+    compiler mangled into the name: a parameter read as int where the kernel takes a
+    long long (a launch would pack 4 bytes of an 8-byte argument) is a failure."""
+    src = runtime.source("activations.cu")
+    good = ("void line_activation<float>(float const*, float const*, float const*, float*, "
+            "long long, float, float, int, int)")
+    assert compile_check.signature_mismatches(src, [{"name": good}]) == []
+    bad = good.replace("long long", "int")
+    (line,) = compile_check.signature_mismatches(src, [{"name": bad}])
+    assert "line_activation<float>" in line and "'i64'" in line
+
+
+def test_every_source_on_disk_is_registered_and_compiles_as_the_runtime_renders_it():
+    """Nothing escapes the compile check: every .cu file of both packages is a registered
+    source; headers are pasted (CuPy's cache keys on the text) and the Python constants are
+    rendered as #defines at the top."""
+    dirs = {runtime.source(n).directory for n in SOURCES}
+    on_disk = {p.name for d in dirs for p in pathlib.Path(d).glob("*.cu")}
+    assert on_disk == set(SOURCES)
+    for name in SOURCES:
+        text = runtime.source(name).text()
+        assert "#include" not in text
+        assert "ck_exp" in text   # a definition from cukernels' common header
+    tile = runtime.source("gru_tile.cu").text()
+    assert f"#define GRU_TILE_AHEAD {_catalog.TILE_AHEAD}\n" in tile
+    assert f"#define GRU_TILE_MAX_LANES {_catalog.TILE_MAX_LANES}\n" in tile
+    assert "#define CK_UNROLL" in tile and "#define CK_STREAM" in tile   # the header's own
+    for name in SOURCES:   # no constant is also defined by hand in a kernel file
+        raw = "".join(p.read_text() for p in pathlib.Path(runtime.source(name).directory)
+                      .glob("*.cu*"))
+        for macro in ("GRU_TILE_AHEAD", "GRU_TILE_MAX_LANES", "GRU_GRID_MAX_LANES",
+                      "GRU_PERSIST_THREADS", "GRU_TILE_MAX_THREADS", "CK_UNROLL", "CK_STREAM",
+                      "CK_COL_UNROLL", "CK_GEMV_UNROLL"):
+            assert f"#define {macro}" not in raw, (name, macro)
+
+
+def test_a_call_compiles_only_the_family_it_runs():
+    """The per-step path's kernels are one module of 3 instances per element type, not part
+    of the tile kernels' 93 (float32): the families compile apart."""
+    steps = runtime.source("gru_steps.cu").groups()
+    assert steps == {c: (_catalog.step_forward(c, False), _catalog.step_forward(c, True),
+                         _catalog.step_backward(c)) for c in ("float", "double")}
+    tile = runtime.source("gru_tile.cu").groups()
+    assert len(tile["float"]) == 3 * len(_catalog.TILES[4]) == 93
+    assert len(tile["double"]) == 3 * len(_catalog.TILES[8])
+    every = [n for s in SOURCES for n in runtime.source(s).names()]
+    assert len(every) == len(set(every))

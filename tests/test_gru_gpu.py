@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 
 import cugru
-from cugru import gru as gru_module
-from cugru import oracle
-from cukernels import _rt
+from cugru import _catalog, _device, _plan, oracle, plans
 from gru_cases import BENCH_SHAPES, NAMES, SHAPES, problem, torch_gru, weights
 
 pytestmark = pytest.mark.gpu
@@ -120,13 +118,13 @@ def test_two_layer_stack_matches_oracle(cp, rng, path):
 
 @pytest.mark.parametrize("plain", [False, True], ids=["packed_launch", "cupy_launch"])
 def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
-    monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", plain)
+    monkeypatch.setattr(_device, "PLAIN_LAUNCH", plain)
     g = to_gpu(cp, problem(rng, 40, 64, 40, 128, True, dtype=np.float32))
     first = run(g, path="steps")
     for _ in range(2):
         for a, b in zip(first, run(g, path="steps")):
             cp.testing.assert_array_equal(a, b)
-    monkeypatch.setattr(gru_module, "PLAIN_LAUNCH", not plain)
+    monkeypatch.setattr(_device, "PLAIN_LAUNCH", not plain)
     for a, b in zip(first, run(g, path="steps")):   # both launch paths run the same kernels
         cp.testing.assert_array_equal(a, b)
 
@@ -141,7 +139,7 @@ REPEAT_SHAPES = ([((6, 8, 4, 32, True), "block"), ((5, 8, 4, 160, False), "clust
 @pytest.mark.parametrize("shape,scope", REPEAT_SHAPES, ids=[f"{s}-H{sh[3]}" for sh, s in REPEAT_SHAPES])
 def test_fast_path_repeats_its_bits(cp, rng, shape, scope):
     T, B, I, H, bi = shape
-    assert gru_module.fast_plan(B, H, 2 if bi else 1, np.float32).scope == scope
+    assert plans.fast_plan(B, H, 2 if bi else 1, np.float32).scope == scope
     g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
     first = run(g, path="fast")
     for _ in range(3):
@@ -151,27 +149,27 @@ def test_fast_path_repeats_its_bits(cp, rng, shape, scope):
 
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
-    waves of groups; the grid kernels (FastPlan) up to FAST_AUTO_MAX_WORK; else per step."""
+    waves of groups; the persist kernels up to PERSIST_AUTO_MAX_WORK; else per step."""
     chosen = []
-    monkeypatch.setattr(gru_module, "_forward_gpu",
-                        lambda *a: chosen.append(a[-1]) or (None, None, None, None))
+    monkeypatch.setattr(cugru.gru._passes, "forward",
+                        lambda a, plan: chosen.append(plan) or (None, None, None))
 
     def auto(B, H):
         cugru.gru_forward(cp.zeros((2, B, 3), np.float32), None, *_zero_weights(cp, H, 3))
         return chosen[-1]
 
     assert auto(64, 64).scope == "block"
-    plan = gru_module.fast_plan(64, 512, 1, np.float32)             # S8
-    assert isinstance(plan, gru_module.TilePlan) and plan.scope == "grid"
+    plan = plans.fast_plan(64, 512, 1, np.float32)                  # S8
+    assert isinstance(plan, plans.TilePlan) and plan.scope == "grid"
     waves = -(-plan.groups // plan.slots)
-    assert (auto(64, 512) == plan) == (waves <= gru_module.GRID_AUTO_MAX_WAVES)
-    plan = gru_module.fast_plan(64, 1024, 1, np.float32)            # S9
+    assert (auto(64, 512) == plan) == (waves <= plans.GRID_AUTO_MAX_WAVES)
+    plan = plans.fast_plan(64, 1024, 1, np.float32)                 # S9
     waves = -(-plan.groups // plan.slots)
-    assert waves > gru_module.GRID_AUTO_MAX_WAVES and auto(64, 1024) is None
-    # H = 1022 is no multiple of the pack: the grid kernels, beyond the work limit
-    assert isinstance(gru_module.fast_plan(64, 1022, 1, np.float32), gru_module.FastPlan)
-    assert auto(64, 1022) is None
-    assert 64 * 3 * 1022 * 1022 > gru_module.FAST_AUTO_MAX_WORK
+    assert waves > plans.GRID_AUTO_MAX_WAVES and auto(64, 1024) is plans.STEPS
+    # H = 1022 is no multiple of the pack: the persist kernels, beyond the work limit
+    assert isinstance(plans.fast_plan(64, 1022, 1, np.float32), plans.PersistPlan)
+    assert auto(64, 1022) is plans.STEPS
+    assert 64 * 3 * 1022 * 1022 > plans.PERSIST_AUTO_MAX_WORK
 
 
 def _zero_weights(cp, H, I):
@@ -183,21 +181,21 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     # one block per batch group while a direction's weights fit a block of 256 threads, a
     # cluster while they fit a cluster's (512-thread blocks where clusters take more waves),
     # a barrier across blocks beyond
-    assert gru_module.fast_plan(1, 64, 1, np.float32).scope == "block"
-    assert gru_module.fast_plan(1, 65, 1, np.float32).scope == "cluster"
-    assert gru_module.fast_plan(1, 128, 1, np.float32).tile == (4, 4, 1, 256, 2)   # S7
-    assert gru_module.fast_plan(1, 128, 1, np.float32, backward=True).tile == (4, 4, 1, 256, 2)
-    assert gru_module.fast_plan(64, 128, 2, np.float32).tile == (1, 4, 1, 512, 2)  # S4
-    assert gru_module.fast_plan(1, 160, 1, np.float32).scope == "cluster"
-    assert gru_module.fast_plan(1, 64, 1, np.float64).scope == "block"
-    assert gru_module.fast_plan(1, 65, 1, np.float64).scope == "cluster"
-    assert gru_module.fast_plan(64, 1024, 2, np.float32).scope == "grid"
+    assert plans.fast_plan(1, 64, 1, np.float32).scope == "block"
+    assert plans.fast_plan(1, 65, 1, np.float32).scope == "cluster"
+    assert plans.fast_plan(1, 128, 1, np.float32).tile == (4, 4, 1, 256, 2)   # S7
+    assert plans.fast_plan(1, 128, 1, np.float32, backward=True).tile == (4, 4, 1, 256, 2)
+    assert plans.fast_plan(64, 128, 2, np.float32).tile == (1, 4, 1, 512, 2)  # S4
+    assert plans.fast_plan(1, 160, 1, np.float32).scope == "cluster"
+    assert plans.fast_plan(1, 64, 1, np.float64).scope == "block"
+    assert plans.fast_plan(1, 65, 1, np.float64).scope == "cluster"
+    assert plans.fast_plan(64, 1024, 2, np.float32).scope == "grid"
     # beyond a cluster, the tile kernels at grid scope where H is a multiple of the pack
-    assert gru_module.fast_plan(64, 512, 1, np.float32).tile[0] == 0
-    assert isinstance(gru_module.fast_plan(64, 513, 1, np.float32), gru_module.FastPlan)
-    # too large for the tile kernels (H > 256) and too many rows for the grid kernels:
+    assert plans.fast_plan(64, 512, 1, np.float32).tile[0] == 0
+    assert isinstance(plans.fast_plan(64, 513, 1, np.float32), plans.PersistPlan)
+    # too large for the tile kernels (H > 256) and too many rows for the persist kernels:
     # no plan; "fast" refuses, "auto" falls back to the per-step path
-    assert gru_module.fast_plan(2100, 257, 1, np.float32) is None
+    assert plans.fast_plan(2100, 257, 1, np.float32) is None
     p = problem(rng, 2, 2100, 2, 257, False)
     g = to_gpu(cp, cast(p, np.float32))
     with pytest.raises(ValueError, match="do not fit the fast path"):
@@ -212,12 +210,12 @@ def test_backward_may_take_another_scope(cp, rng, monkeypatch):
     """The passes share every layout, so the backward pass may take another split than the
     forward pass: here an 8-block cluster forward and grid scope backward at S3's H and
     batch, and the pair gives the oracle's results."""
-    fwd = gru_module.fast_plan(64, 256, 1, np.float32)
+    fwd = plans.fast_plan(64, 256, 1, np.float32)
     assert fwd.scope == "cluster"
-    grid = [gru_module._resident(p, 1, 16) for p in (
-        gru_module._tile_split(64, 256, 1, tile, tile[2], 4) for tile in gru_module.TILES[4]
+    grid = [plans.resident(p, 1, 16) for p in (
+        plans.tile_split(64, 256, 1, tile, tile[2], 4) for tile in plans.TILES[4]
         if tile[0] == 0) if p is not None][0]
-    monkeypatch.setattr(gru_module, "_choose",
+    monkeypatch.setattr(_plan, "choose",
                         lambda path, B, H, D, dtype, backward=False: grid if backward else fwd)
     p = problem(rng, 5, 64, 4, 256, False)
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
@@ -226,7 +224,7 @@ def test_backward_may_take_another_scope(cp, rng, monkeypatch):
 
 def _run_plan(cp, monkeypatch, p, dtype, plan):
     """Forward and backward through the public functions with the fast path forced to `plan`."""
-    monkeypatch.setattr(gru_module, "_choose", lambda *a: plan)
+    monkeypatch.setattr(_plan, "choose", lambda *a: plan)
     return [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path="fast")]
 
 
@@ -237,7 +235,7 @@ def _check(got, p, dtype):
 
 
 _TILE_CASES = [(dt, tile) for dt in (np.float32, np.float64)
-               for tile in gru_module.TILES[np.dtype(dt).itemsize]]
+               for tile in plans.TILES[np.dtype(dt).itemsize]]
 
 
 @pytest.mark.parametrize("dtype,tile", _TILE_CASES, ids=[
@@ -250,17 +248,17 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
     no split), with one row per group and with the most rows per group it takes (B = 5: full
     and partial groups)."""
     it = np.dtype(dtype).itemsize
-    if not _rt.gru_tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
         pytest.skip("not launched on this GPU")
 
     def split(B, H, rows):
         """the tile's plan; at grid scope with its slots, None where a group's blocks (both
         directions) do not fit the GPU at once"""
-        plan = gru_module._tile_split(B, H, 2, tile, rows, it)
+        plan = plans.tile_split(B, H, 2, tile, rows, it)
         if plan is None or plan.cluster:
             return plan
-        n = gru_module._clusters_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
-        return gru_module._resident(plan, 2, n)
+        n = plans.groups_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
+        return plans.resident(plan, 2, n)
 
     holds = [H for H in range(1, 300 if tile[0] else 2100) if split(1, H, 1)]
     H = min(holds) if end == "low" else max(holds)
@@ -274,11 +272,11 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
 
 
 @pytest.mark.parametrize("blocks", [1, 3], ids=["block", "grid"])
-def test_grid_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks):
-    """The grid-scope kernels (FastPlan), also in the one-block form fast_plan takes on GPUs
+def test_persist_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks):
+    """The persist kernels (PersistPlan), also in the one-block form fast_plan takes on GPUs
     without clusters."""
     smem = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    plan = gru_module._split(6, 40, 2, blocks, 4, smem)
+    plan = plans.persist_split(6, 40, 2, blocks, 4, smem)
     assert plan is not None and plan.scope == ("block" if blocks == 1 else "grid")
     p = problem(rng, 5, 6, 3, 40, True)
     _check(_run_plan(cp, monkeypatch, p, np.float32, plan), p, np.float32)
@@ -287,7 +285,7 @@ def test_grid_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatc
 @pytest.mark.parametrize("dtype,top", [(np.float32, 256), (np.float64, 128)], ids=["f32", "f64"])
 def test_fast_path_on_both_sides_of_the_cluster_scope_limit(cp, rng, dtype, top):
     for H, scope in ((top, "cluster"), (top + 1, "grid")):
-        assert gru_module.fast_plan(4, H, 2, dtype).scope == scope
+        assert plans.fast_plan(4, H, 2, dtype).scope == scope
         p = problem(rng, 4, 4, 3, H, True)
         got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path="fast")]
         _check(got, p, dtype)
@@ -334,7 +332,7 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid,
     cudnn32 = (cudnn32[0], cudnn32[1]) + cudnn32[2]
     ours32 = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path=path)]
     assert_within(ours32, ref, cudnn32, np.float32, OUT_NAMES)
-    if path == "fast" and gru_module.fast_plan(B, H, 2 if bi else 1, np.float64) is None:
+    if path == "fast" and plans.fast_plan(B, H, 2 if bi else 1, np.float64) is None:
         # float64 needs twice the shared memory: this shape does not fit the fast path
         with pytest.raises(ValueError, match="do not fit the fast path"):
             run(to_gpu(cp, p), path=path)

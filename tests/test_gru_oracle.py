@@ -83,13 +83,30 @@ def test_two_layer_stack_matches_torch(torch, rng):
     np.testing.assert_allclose(g2[3][0], l2.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_public_functions_run_the_oracle_on_numpy(rng):
+def test_public_functions_check_their_arguments_once_and_run_the_oracle(rng, monkeypatch):
+    """cugru.gru_forward / gru_backward on numpy arrays: one argument check each, then the
+    oracle's passes on the checked arguments (the oracle's own public functions, which
+    check too, are not called)."""
+    import cugru.gru as api
+    counts = {"forward_args": 0, "backward_args": 0, "oracle.forward": 0,
+              "oracle.backward": 0}
+
+    def counted(key, fn):
+        def wrapper(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+        return wrapper
+    monkeypatch.setattr(api, "forward_args", counted("forward_args", api.forward_args))
+    monkeypatch.setattr(api, "backward_args", counted("backward_args", api.backward_args))
+    monkeypatch.setattr(oracle, "forward", counted("oracle.forward", oracle.forward))
+    monkeypatch.setattr(oracle, "backward", counted("oracle.backward", oracle.backward))
+    monkeypatch.setattr(oracle, "gru_forward", lambda *a, **k: pytest.fail("checked twice"))
+    monkeypatch.setattr(oracle, "gru_backward", lambda *a, **k: pytest.fail("checked twice"))
     p = problem(rng, 4, 3, 5, 2, True)
-    ours = run_oracle(p, cugru)
-    ref = run_oracle(p, oracle)
-    np.testing.assert_array_equal(ours[0], ref[0])
-    for a, b in zip(ours[2], ref[2]):
-        np.testing.assert_array_equal(a, b)
+    y, hn, grads = run_oracle(p, cugru)
+    assert counts == {"forward_args": 1, "backward_args": 1, "oracle.forward": 1,
+                      "oracle.backward": 1}
+    assert y.shape == (4, 3, 4) and len(grads) == 6
 
 
 def test_float32_stays_float32_and_is_close_to_float64(rng):

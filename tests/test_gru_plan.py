@@ -1,11 +1,13 @@
-"""The per-step GPU path's plan checked without a GPU: every cuBLAS call and kernel index.
+"""The GPU plans checked without a GPU: every cuBLAS call, kernel argument and index.
 
-CI has no GPU, so this runs cugru's GPU code path on the CPU with three stand-ins:
-device arrays are numpy arrays that expose ``.data.ptr``; ``StepLoop.gemm`` performs the
-column-major strided-batched GEMM it is given on raw addresses (so a wrong leading dimension,
-stride, offset or transpose gives a wrong result); and the two step kernels are line-by-line
-numpy transcriptions of kernels/gru.cu's index arithmetic. The results must equal the
-oracle's. The real kernels are checked against the oracle on the GPU (test_gru_gpu.py).
+CI has no GPU, so this runs cugru's GPU code path on the CPU, replacing its one seam to the
+device, cugru._device, with stand-ins: device arrays are numpy arrays that expose
+``.data.ptr``; ``Loop.gemm`` performs the column-major strided-batched GEMM it is given on
+raw addresses (so a wrong leading dimension, stride, offset or transpose gives a wrong
+result); and the kernels are line-by-line numpy transcriptions of cugru/kernels' index
+arithmetic, called with the arguments by name, which must be exactly the parameters the
+CUDA declaration has. The results must equal the oracle's. The real kernels are checked
+against the oracle on the GPU (test_gru_gpu.py).
 """
 import ctypes
 import dataclasses
@@ -14,9 +16,8 @@ import types
 import numpy as np
 import pytest
 
-from cugru import gru as gru_module
-from cugru import oracle
-from cukernels import _rt
+from cugru import _catalog, _device, _passes, oracle, plans
+from cukernels import runtime
 from gru_cases import problem, weights
 
 
@@ -62,16 +63,29 @@ class HostLoop:
             product = (a.T if transa else a) @ (b.T if transb else b)
             c[...] = product + beta * c if beta else product
 
-    def launch(self, func, grid, block, args, *, shared_mem=0, cooperative=False):
-        func(grid, block, shared_mem, *args, cooperative=cooperative)
+    def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
+        kern(grid, block, shared_mem, cooperative, **args)
 
-    def kernel(self, func, grid, block, args, step_arg):
-        args = list(args)
+    def kernel(self, kern, grid, block, args, step_arg):
+        args = dict(args)
 
         def launch(step):
             args[step_arg] = step
-            func(grid[1], *args)
+            kern(grid, block, 0, False, **args)
         return launch
+
+
+class HostKernel:
+    """A kernel's numpy transcription, called as the launch layer would launch the kernel:
+    the arguments must be exactly the parameters of the kernel's CUDA declaration."""
+
+    def __init__(self, family, name, run):
+        self.name, self.run = name, run
+        self.names = [n for n, _ in runtime.signatures(family)[name.split("<")[0]]]
+
+    def __call__(self, grid, block, smem, cooperative, **args):
+        assert sorted(args) == sorted(self.names), (self.name, sorted(args))
+        self.run(grid, block, smem, cooperative, **args)
 
 
 def _sigmoid(v):
@@ -80,7 +94,9 @@ def _sigmoid(v):
 
 def forward_step(train):
     """gru_forward_step<T, TRAIN>, one direction d per loop turn, all (b, j) at once."""
-    def run(D, gi, gh, b_ih, b_hh, hs, y, gates, steps, B, H, S, s):
+    def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, steps, B, H, S,
+            s):
+        D = grid[1]
         gi, gh, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, gh, b_ih, b_hh, hs,
                                                                      y, gates))
         BH, H3 = B * H, 3 * H
@@ -105,8 +121,9 @@ def forward_step(train):
     return run
 
 
-def backward_step(D, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
+def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
     """gru_backward_step<T>."""
+    D = grid[1]
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
     BH, H3 = B * H, 3 * H
     for d in range(D):
@@ -188,7 +205,7 @@ def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd, counters, G, groups):
     C, Q, MR, NT, U = tile
     H3 = 3 * H
     if C:
-        assert G == C and grid[0] == groups * C and isinstance(counters, np.integer)
+        assert G == C and grid[0] == groups * C and counters is None
         order = range(groups)
     else:
         slots = grid[0] // G
@@ -214,7 +231,7 @@ def _tile_smem(tile, R, J, KS, segs, ring, extra):
     nv, ng = (2, 2) if C else (1, 0)
     HS = KS * Q * 2
     return 16 + (nv * MR * segs * HS + MR * 3 * J * KS + ng * R * segs * J
-                 + gru_module.TILE_AHEAD * R * ring * J + extra) * 8
+                 + _catalog.TILE_AHEAD * R * ring * J + extra) * 8
 
 
 def tile_forward(train, tile):
@@ -222,8 +239,8 @@ def tile_forward(train, tile):
     step."""
     C, Q, MR, NT, U = tile
 
-    def run(grid, block, smem, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS,
-            R, counters, G, groups, cooperative=False):
+    def run(grid, block, smem, cooperative, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H,
+            S, J, KS, R, counters, G, groups):
         gi, w_hh, b_ih, b_hh, hs, y, gates, h_n = (
             a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs, y, gates, h_n))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
@@ -272,9 +289,9 @@ def tile_backward(tile):
     """gru_tile_backward<double, C, Q, MR, NT, U> for every cluster, its blocks in lock step."""
     C, Q, MR, NT, U = tile
 
-    def run(grid, block, smem, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS,
-            R, counters, G, groups, cooperative=False):
-        assert isinstance(dh_n, np.ndarray) or dh_n == 0     # 0: a null pointer, zeros
+    def run(grid, block, smem, cooperative, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B,
+            H, J, KS, R, counters, G, groups):
+        assert isinstance(dh_n, np.ndarray) or dh_n is None     # None: a null pointer, zeros
         dh_n = dh_n.reshape(-1) if isinstance(dh_n, np.ndarray) else None
         dy, gates, hs, w_hh, dgi, dgh, dh0 = (
             a.reshape(-1) for a in (dy, gates, hs, w_hh, dgi, dgh, dh0))
@@ -327,7 +344,7 @@ def tile_backward(tile):
     return run
 
 
-def sum_chunks(grid, block, shared_mem, part, out, n, ld, chunks, cooperative=False):
+def sum_chunks(grid, block, shared_mem, cooperative, part, out, n, ld, chunks):
     """gru_sum_chunks<T>: the partials added in chunk order."""
     part, out = part.reshape(-1), out.reshape(-1)
     acc = part[:n].copy()
@@ -336,44 +353,57 @@ def sum_chunks(grid, block, shared_mem, part, out, n, ld, chunks, cooperative=Fa
     out[:n] = acc
 
 
+def views(flat, *shapes):
+    """_device.views on a host array"""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    return tuple(out)
+
+
 @pytest.fixture
 def host_device(monkeypatch):
+    """cugru._device replaced by numpy stand-ins (the seam between the plans and the GPU)."""
     fake = types.SimpleNamespace(
         ndarray=DevArray,
         empty=lambda shape, dt: np.full(shape, np.nan, dt).view(DevArray),
         zeros=lambda shape, dt: np.zeros(shape, dt).view(DevArray),
         ones=lambda shape, dt: np.ones(shape, dt).view(DevArray))
-    kernels = {"gru_forward_step<double,true>": forward_step(True),
-               "gru_forward_step<double,false>": forward_step(False),
-               "gru_backward_step<double>": backward_step,
-               "gru_sum_chunks<double>": sum_chunks}
-    for tile in gru_module.TILES[8]:
-        plan = gru_module.TilePlan(tile[0], 1, 1, 1, 1, *tile[1:], 0, 0)
-        kernels[plan.backward_kernel("double")] = tile_backward(tile)
+    runs = {("gru_steps.cu", _catalog.step_forward("double", True)): forward_step(True),
+            ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False),
+            ("gru_steps.cu", _catalog.step_backward("double")): backward_step,
+            ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks}
+    for tile in _catalog.TILES[8]:
+        runs["gru_tile.cu", _catalog.tile_backward("double", tile)] = tile_backward(tile)
         for train in (True, False):
-            kernels[plan.forward_kernel("double", train)] = tile_forward(train, tile)
-    monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
-    monkeypatch.setattr(_rt, "kernel", lambda filename, name: kernels[name])
-    monkeypatch.setattr(gru_module, "_persist_kernel", lambda name, smem: kernels[name])
-    monkeypatch.setattr(gru_module, "_ones", fake.ones)
-    monkeypatch.setattr(_rt, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
-    monkeypatch.setattr(_rt, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
-    monkeypatch.setattr(_rt, "StepLoop", HostLoop)
+            runs["gru_tile.cu", _catalog.tile_forward("double", tile, train)] = \
+                tile_forward(train, tile)
+    kernels = {key: HostKernel(*key, run) for key, run in runs.items()}
+    monkeypatch.setattr(_device, "cupy", lambda: fake)
+    monkeypatch.setattr(_device, "kernel", lambda family, name: kernels[family, name])
+    monkeypatch.setattr(_device, "shared", lambda kern, nbytes: kern)
+    monkeypatch.setattr(_device, "ones", fake.ones)
+    monkeypatch.setattr(_device, "views", views)
+    monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
+    monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
+    monkeypatch.setattr(_device, "Loop", HostLoop)
     # min chunk of 64 rows, so that the chunked weight-gradient sums run here too
-    monkeypatch.setattr(gru_module, "MIN_CHUNK_ROWS", 64)
+    monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 64)
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
 def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
-    """_forward_gpu (inference, then training) and _backward_gpu with `plan` give the
+    """The GPU passes (inference, then training, then backward) with `plan` give the
     oracle's results; returns the device history for further backward runs."""
+    bi = dims[4] == 2
     for training in (False, True):   # the history of the last (training) run is used below
-        y, hn, hs, gates = gru_module._forward_gpu(dev(p["x"]), dev(p["h0"]),
-                                                   *map(dev, weights(p)), dims, training, plan)
+        y, hn, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                         plan, bidirectional=bi, training=training)
         np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
-    saved_dev = type(saved)(dev(p["x"]), dev(p["w_ih"]), dev(p["w_hh"]), hs, gates, False)
-    got = gru_module._backward_gpu(dev(p["dy"]), dev(p["dh_n"]), saved_dev, dims, plan)
+    got = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plan)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
     return saved_dev
@@ -386,38 +416,37 @@ def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
 def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
                                            batched):
     if not batched:
-        monkeypatch.setattr(gru_module, "WGRAD_PARTIAL_BYTES", 0)
-        monkeypatch.setattr(gru_module, "WGRAD_PARTIAL_DGI", 0)
+        monkeypatch.setattr(_passes, "WGRAD_PARTIAL_BYTES", 0)
+        monkeypatch.setattr(_passes, "WGRAD_PARTIAL_DGI", 0)
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     dev = host_device
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, 2 if bi else 1)
-    _gpu_path_matches(dev, p, dims, None, ref_y, ref_hn, saved, ref)
+    _gpu_path_matches(dev, p, dims, plans.STEPS, ref_y, ref_hn, saved, ref)
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
 @pytest.mark.parametrize("B,H,D", [(1, 1, 1), (64, 64, 1), (64, 1024, 2), (256, 512, 2),
                                    (3, 130, 2)])
 def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
-    """Every split cugru.gru._split offers fits a block: units <= threads, the batch rows
+    """Every split plans.persist_split offers fits a block: units <= threads, the batch rows
     per thread a built instance, shared memory within the limit, every unit owned once."""
     limit = 227 * 1024
-    ctype = "float" if itemsize == 4 else "double"
     seen = 0
     for blocks in range(1, H + 1):
-        plan = gru_module._split(B, H, D, blocks, itemsize, limit)
+        plan = plans.persist_split(B, H, D, blocks, itemsize, limit)
         if plan is None:
             continue
         seen += 1
-        assert plan.units <= gru_module.FAST_THREADS
-        assert plan.rows_per_thread in _rt.GRU_MAXP[ctype]
-        assert plan.rows_per_thread * (gru_module.FAST_THREADS // plan.units) >= B
+        assert plan.units <= _catalog.PERSIST_THREADS
+        assert plan.rows_per_thread in _catalog.PERSIST_ROWS[itemsize]
+        assert plan.rows_per_thread * (_catalog.PERSIST_THREADS // plan.units) >= B
         assert (plan.blocks - 1) * plan.units < H <= plan.blocks * plan.units
         assert max(plan.smem_fwd, plan.smem_bwd) <= limit
         assert plan.kc_fwd % (16 // itemsize) == 0 and plan.kc_bwd % (16 // itemsize) == 0
         assert plan.kc_fwd <= -(-H // 4) * 4 and plan.kc_bwd <= -(-3 * H // 4) * 4
-        assert gru_module._cost(plan, B, H, D, itemsize) > 0
+        assert plans.persist_cost(plan, B, H, D, itemsize) > 0
     assert seen > 0
 
 
@@ -425,7 +454,7 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
                                            (5, 1, 3, 17, True, False), (3, 9, 2, 33, False, True),
                                            (2, 3, 2, 1, True, True), (3, 9, 2, 34, True, True),
                                            (2, 5, 3, 130, True, False)])
-@pytest.mark.parametrize("tile", gru_module.TILES[8], ids=str)
+@pytest.mark.parametrize("tile", _catalog.TILES[8], ids=str)
 def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
                                                h0, tile):
     """The tile kernels' layout (weights per thread, lanes per unit, the shared buffers, rows
@@ -433,7 +462,7 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     taking groups in turn), transcribed in numpy, for every built tile kernel and row count
     it takes, computes the oracle's results."""
     D = 2 if bi else 1
-    if gru_module._tile_split(B, H, D, tile, 1, 8) is None:
+    if plans.tile_split(B, H, D, tile, 1, 8) is None:
         pytest.skip("the tile kernel does not hold this H")
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     dev = host_device
@@ -441,26 +470,26 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, D)
     for rows in range(1, tile[2] + 1):
-        split = gru_module._tile_split(B, H, D, tile, rows, 8)
+        split = plans.tile_split(B, H, D, tile, rows, 8)
         # grid scope: one slot (every group in turn), two, and one per group
         for slots in ([0] if tile[0] else sorted({1, min(2, split.groups), split.groups})):
             plan = dataclasses.replace(split, slots=slots)
             saved_dev = _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref)
     no_dh_n = oracle.gru_backward(p["dy"], None, saved)
-    got = gru_module._backward_gpu(dev(p["dy"]), None, saved_dev, dims, plan)
+    got = plans.backward(dev(p["dy"]), None, saved_dev, plan)
     for g, r in zip(got, no_dh_n):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
 
 
 def _all_tiles():
-    return [(it, tile) for it in (4, 8) for tile in gru_module.TILES[it]]
+    return [(it, tile) for it in (4, 8) for tile in _catalog.TILES[it]]
 
 
 def _splits(B, H, tile, itemsize):
     """(rows, plan) for each number of rows per group the tile kernels hold at batch B,
     one direction"""
     for rows in range(1, tile[2] + 1):
-        plan = gru_module._tile_split(B, H, 1, tile, rows, itemsize)
+        plan = plans.tile_split(B, H, 1, tile, rows, itemsize)
         if plan is not None:
             yield rows, plan
 
@@ -483,8 +512,8 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
         assert plan.rows == rows and plan.groups * rows >= 37 > (plan.groups - 1) * rows
         assert (blocks - 1) * plan.units < H <= blocks * plan.units
         assert plan.lanes & (plan.lanes - 1) == 0
-        assert plan.lanes <= (gru_module.GRID_MAX_LANES if cluster == 0
-                              else gru_module.TILE_MAX_LANES)
+        assert plan.lanes <= (_catalog.GRID_MAX_LANES if cluster == 0
+                              else _catalog.TILE_MAX_LANES)
         assert cluster <= 1 or plan.units % v == 0
         assert plan.units % per_thread == 0
         assert plan.units // per_thread * plan.lanes <= threads and plan.units * rows <= threads
@@ -493,11 +522,11 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
             assert H % v == 0 and plan.group_blocks >= 1 and plan.slots == 0
             held = threads // plan.lanes * per_thread      # the most units a block takes
             assert plan.units <= held and (plan.group_blocks - 1) * held < H
-        assert gru_module._tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
+        assert plans.tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
 
 
 def _pointwise_and_sends(plan, H, rows, rank, segs, itemsize):
-    """A transcription of GruTile's roles in kernels/gru.cu (the pointwise threads: p0, pi,
+    """A transcription of GruTile's roles in kernels/gru_tile.cu (the pointwise threads: p0, pi,
     pu, mine; pack_slot) and of gru_values_written's loop over a lane's sends, for block
     `rank` of a cluster with `rows` rows: ({(row, unit): threads with that pointwise step},
     p0, [(target block, offset of the pack in an exchange buffer)])."""
@@ -561,81 +590,31 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
-@pytest.mark.parametrize("cluster", _rt.GRU_CLUSTERS)
+@pytest.mark.parametrize("cluster", _catalog.CLUSTERS)
 def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):
     """The largest H some tile kernel of each cluster size holds (docs/api.md's limits);
     below it, every H whose units leave no block empty."""
     fits = {1: (128, 64), 2: (128, 64), 4: (128, 128), 8: (256, 128)}[cluster][itemsize // 8]
     v = 16 // itemsize
-    tiles = [t for t in gru_module.TILES[itemsize] if t[0] == cluster]
+    tiles = [t for t in _catalog.TILES[itemsize] if t[0] == cluster]
     for H in range(1, 300):
         units = -(-H // cluster)
         if cluster > 1:
             units = -(-units // v) * v    # clusters exchange whole 16-byte packs of units
         every_block = (cluster - 1) * units < H
-        held = any(gru_module._tile_split(1, H, 1, t, 1, itemsize) for t in tiles)
+        held = any(plans.tile_split(1, H, 1, t, 1, itemsize) for t in tiles)
         assert held == (H <= fits and every_block), H
-
-
-def test_kernel_parameter_slots_hold_each_argument_as_the_kernel_reads_it(monkeypatch):
-    """StepLoop._pack and _pack_shared (no GPU): every parameter address points at the
-    argument's bytes, as cuLaunchKernel copies them: a device pointer, int32, int64, float32
-    and float64; the shared arrays are reused by the next pack."""
-    fake = types.SimpleNamespace(ndarray=DevArray)
-    monkeypatch.setattr(_rt, "cupy_module", lambda: fake)
-    loop = _rt.StepLoop.__new__(_rt.StepLoop)
-    loop._ctypes = ctypes
-    arr = np.zeros(3).view(DevArray)
-    args = (arr, np.int32(-7), np.int64(-(1 << 40)), np.float32(0.1), np.float64(-2.5),
-            np.int32(123456))
-    read = [ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double,
-            ctypes.c_int32]
-    shared = []
-    for pack in (loop._pack, loop._pack_shared, loop._pack_shared):
-        slots, params = pack(args)
-        got = [t.from_address(params[k]).value for k, t in enumerate(read)]
-        assert got[0] == arr.data.ptr
-        assert got[1:3] == [-7, -(1 << 40)] and got[5] == 123456
-        assert np.float32(got[3]) == np.float32(0.1) and got[4] == -2.5
-        if pack == loop._pack_shared:
-            shared.append(ctypes.addressof(params))
-    assert shared[0] == shared[1]
-    for pack in (loop._pack, loop._pack_shared):
-        with pytest.raises(TypeError, match="not supported"):
-            pack((1.5,))
 
 
 def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
     """_resident: a grid-scope plan gets as many slots per direction as groups fit at once
     (at most one per group), none where not one group per direction fits; block and cluster
     plans are left as they are."""
-    grid = gru_module._tile_split(64, 512, 2, (0, 4, 8, 256, 2), 8, 4)   # 8 groups of 32 blocks
+    grid = plans.tile_split(64, 512, 2, (0, 4, 8, 256, 2), 8, 4)   # 8 groups of 32 blocks
     assert grid.groups == 8 and grid.group_blocks == 32 and grid.slots == 0
-    assert gru_module._resident(grid, 2, 4).slots == 2
-    assert gru_module._resident(grid, 2, 100).slots == 8
-    assert gru_module._resident(grid, 2, 1) is None
-    assert gru_module._resident(grid, 2, 4).blocks == 2 * 32
-    block = gru_module._tile_split(64, 64, 1, (1, 4, 1, 256, 1), 1, 4)
-    assert gru_module._resident(block, 1, 0) is block
-
-
-def test_bench_auto_table_takes_the_path_of_both_passes():
-    """bench.gru's path='auto' table: a shape's ratios are of the times of the path auto
-    takes in both passes, a shape whose passes take different paths has no row, and the
-    shapes below 1x against the first baseline are listed."""
-    from bench import gru as bench_gru
-    rows = [{"id": "A", "train": {"fast": 0.5, "steps": 2.0, "x": 1.0, "y": 0.25},
-             "infer": {"fast": 0.2, "steps": 1.0, "x": 0.1, "y": 0.4}, "auto": ["fast", "fast"]},
-            {"id": "B", "train": {"fast": 9.0, "steps": 4.0, "x": 8.0, "y": 4.0},
-             "infer": {"fast": 3.0, "steps": 2.0, "x": 4.0, "y": 1.0},
-             "auto": ["steps", "steps"]},
-            {"id": "C", "train": {"fast": 1.0, "steps": 1.0, "x": 1.0, "y": 1.0},
-             "infer": {"fast": 1.0, "steps": 1.0, "x": 1.0, "y": 1.0},
-             "auto": ["fast", "steps"]}]
-    lines = bench_gru._auto_table(rows, ["x", "y"])
-    body = [ln for ln in lines if ln.startswith("| A") or ln.startswith("| B")
-            or ln.startswith("| C")]
-    assert body == ["| A | fast | 0.500 | 2.00x | 0.50x | 0.200 | 0.50x | 2.00x |",
-                    "| B | steps | 4.000 | 2.00x | 1.00x | 2.000 | 2.00x | 0.50x |"]
-    assert "| geomean |  |  | 2.00x | 0.71x |  | 1.00x | 1.00x |" in lines
-    assert lines[-1] == "Below 1x against x: A inference 0.50x."
+    assert plans.resident(grid, 2, 4).slots == 2
+    assert plans.resident(grid, 2, 100).slots == 8
+    assert plans.resident(grid, 2, 1) is None
+    assert plans.resident(grid, 2, 4).blocks == 2 * 32
+    block = plans.tile_split(64, 64, 1, (1, 4, 1, 256, 1), 1, 4)
+    assert plans.resident(block, 1, 0) is block

@@ -1,11 +1,24 @@
-"""The main job (cugru.train): it learns, its gradients are torch autograd's, its CLI and its
---data checks. The GPU test compares a GPU run's loss curve with the CPU run's."""
+"""The main job (cugru.train and run-main-job.sh): it learns, its gradients are torch
+autograd's, its CLI and its --data checks give one-line errors naming the flag. The GPU test
+compares a GPU run's loss curve with the CPU run's."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from cugru import train
 
-pytest.importorskip("sklearn")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import sklearn  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI needs scikit-learn for the main job's tests: install the test "
+                           "extra") from None
+    pytest.skip("scikit-learn is not installed (the main job's digits)", allow_module_level=True)
 
 
 def _digits_batch(B, dtype):
@@ -85,6 +98,9 @@ def test_cli_trains_on_user_data_and_saves_weights(tmp_path, capsys):
 
 BAD_DATA = [
     ("no such file", None, "no such file"),
+    ("huge label", {"X": np.zeros((4, 2, 3)), "y": np.array([0, 1, 10**9, 0])}, "below 4096"),
+    ("X overflows float32", {"X": np.full((4, 2, 3), 1e39), "y": np.zeros(4, int)},
+     "beyond float32's range"),
     ("missing y", {"X": np.zeros((4, 2, 3))}, "missing array"),
     ("X rank", {"X": np.zeros((4, 6)), "y": np.zeros(4, int)}, "X must have shape"),
     ("y length", {"X": np.zeros((4, 2, 3)), "y": np.zeros(3, int)}, "y must have shape"),
@@ -108,12 +124,86 @@ def test_malformed_data_file_is_a_clear_error(tmp_path, capsys, case):
     assert "--data" in err and message in err
 
 
+def _error(capsys, argv):
+    """The one-line error (exit status 2) of the CLI for argv, before any training."""
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--device", "cpu", "--no-progress"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
 def test_not_an_npz_is_a_clear_error(tmp_path, capsys):
     path = tmp_path / "text.npz"
     path.write_text("not a zip file")
-    with pytest.raises(SystemExit):
-        train.main(["--device", "cpu", "--data", str(path), "--no-progress", "--plot", ""])
-    assert "not a readable .npz" in capsys.readouterr().err
+    assert "not a readable .npz" in _error(capsys, ["--data", str(path), "--plot", ""])
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((4, 2, 3)))
+    assert "a single array (.npy)" in _error(capsys, ["--data", str(npy), "--plot", ""])
+    assert "a directory" in _error(capsys, ["--data", str(tmp_path), "--plot", ""])
+
+
+def test_outputs_are_checked_before_training(tmp_path, capsys, monkeypatch):
+    """--save and --plot into a folder that does not exist, or --plot to a file type no
+    plot can be written as, are errors before any training (a trained model is never lost)."""
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("trained first"))
+    missing = tmp_path / "no" / "such"
+    assert "--save" in (e := _error(capsys, ["--save", str(missing / "w.npz")])) and \
+        "does not exist" in e
+    assert "--plot" in (e := _error(capsys, ["--plot", str(missing / "c.png")])) and \
+        "does not exist" in e
+    assert "--plot" in (e := _error(capsys, ["--plot", str(tmp_path / "c.txt")])) and \
+        ".png" in e
+    assert "--save" in (e := _error(capsys, ["--save", str(tmp_path / "w.txt")])) and \
+        ".npz" in e
+
+
+@pytest.mark.parametrize("argv,flag", [(["--lr", "-1"], "--lr"), (["--lr", "nan"], "--lr"),
+                                       (["--lr", "inf"], "--lr"), (["--seed", "-3"], "--seed"),
+                                       (["--epochs", "0"], "--epochs"),
+                                       (["--hidden", "0"], "--hidden"),
+                                       (["--optimizer", "lbfgs"], "--optimizer")])
+def test_bad_options_name_the_flag(capsys, monkeypatch, argv, flag):
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("trained first"))
+    assert flag in _error(capsys, argv + ["--plot", ""])
+
+
+def test_help_shows_every_option_with_its_default(capsys):
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for action in train.parser()._actions:
+        for opt in action.option_strings:
+            assert opt in out
+    assert "(default: 15)" in out and "(default: training-curves.png)" in out
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for action in train.parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.option_strings[-1] in readme, action.option_strings
+
+
+def test_main_job_script_runs_where_it_is_called_and_installs_once(tmp_path):
+    """run-main-job.sh from another folder: --data, --save and --plot are paths of that
+    folder, and with the package installed it runs no pip (a stand-in pip that fails is
+    first on the path)."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40, 4, 3)).astype(np.float32)
+    np.savez(tmp_path / "mine.npz", X=X, y=(X[:, :, 0].sum(axis=1) > 0).astype(np.int64))
+    fake = tmp_path / "fakepip" / "pip"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text("raise SystemExit('pip was run')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fakepip"), "CK_REINSTALL": "0"}
+    proc = subprocess.run([os.path.join(ROOT, "run-main-job.sh"), "--device", "cpu",
+                           "--data", "mine.npz", "--epochs", "1", "--hidden", "4",
+                           "--no-progress", "--save", "w.npz", "--plot", "c.png"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pip was run" not in proc.stderr
+    assert (tmp_path / "w.npz").is_file() and (tmp_path / "c.png").is_file()
+    assert not os.path.exists(os.path.join(ROOT, "w.npz"))
 
 
 @pytest.mark.gpu

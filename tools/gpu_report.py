@@ -1,16 +1,20 @@
 """The project's GPU script: run on a machine with a CUDA GPU, it runs
 
-  1. the whole test suite (GPU tests included, the >2**31-element test too),
-  2. the GPU tests again under compute-sanitizer memcheck, racecheck and initcheck
-     (a smaller grid of sizes, CuPy's memory pool off so that every array is its own
-     allocation),
-  3. the benchmarks (bench/run.py), the GRU benchmark against cuDNN (bench/gru.py) and the
-     main job (cugru.train, GPU and CPU),
+  1. the whole test suite (GPU tests included, the >2**31-element test too), noting the
+     seconds each kernel module took to compile on first use,
+  2. the GPU tests again under compute-sanitizer memcheck, racecheck, initcheck and
+     synccheck (a smaller grid of sizes, CuPy's memory pool off so that every array is its
+     own allocation), and a planted out-of-bounds write as the control,
+  3. the benchmarks (bench/run.py, with the cost of a call), the GRU benchmark against
+     cuDNN (bench/gru.py), the main job (cugru.train, GPU and CPU),
+  4. with --base-tree, an older checkout's cost of a call and its first-use compile of the
+     GRU's kernels, measured the same way in the same run (the "before" column),
 
 and writes OUTDIR/gpu-report.md (copy it to docs/gpu-report.md) with the commit, the GPU,
-the test counts, the sanitizer's findings and the benchmark table. Logs go to OUTDIR too.
+the test counts, the sanitizer's findings and the benchmark tables. Logs go to OUTDIR too.
 
-    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,main]
+    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,main,before]
+                               [--base-tree DIR --base-commit SHA]
     python tools/gpu_report.py OUTDIR --assemble DIR [DIR ...]
 
 Each phase writes OUTDIR/section-<phase>.md; gpu-report.md is assembled from the sections in
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 
@@ -129,6 +136,10 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--only", default=",".join(PHASES))
     ap.add_argument("--assemble", nargs="*", default=None)
+    ap.add_argument("--base-tree", default=None,
+                    help="an older checkout, measured in the 'before' phase")
+    ap.add_argument("--base-commit", default="the base tree",
+                    help="what to call the base tree in the report")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.outdir)
     os.makedirs(out, exist_ok=True)
@@ -158,9 +169,13 @@ def main(argv=None) -> int:
 
     if "tests" not in skip:
         xml = os.path.join(out, "junit.xml")
+        compile_log = os.path.join(out, "compile-seconds.json")
         rc, secs = sh([py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                       f"--junitxml={xml}"], os.path.join(out, "tests-log.txt"), timeout=480)
-        lines = ["## Tests (the whole suite, GPU tests included)", ""]
+                       "-m", "not compile", f"--junitxml={xml}"],
+                      os.path.join(out, "tests-log.txt"), env={"CK_COMPILE_LOG": compile_log},
+                      timeout=540)
+        lines = ["## Tests (the whole suite, GPU tests included; the nvcc compile check, which "
+                 "needs no GPU, runs in CI)", ""]
         counts = junit_counts(xml)
         if counts:
             c, failed = counts
@@ -171,6 +186,14 @@ def main(argv=None) -> int:
             lines.append(f"no junit report (pytest exit {rc}); see tests-log.txt")
         if os.path.exists(xml):
             os.remove(xml)
+        if os.path.exists(compile_log):
+            with open(compile_log) as f:
+                seconds = json.load(f)
+            lines += ["", "Seconds each kernel module took to load the first time in the test "
+                      "run (a module per source and element type; on a machine whose CuPy "
+                      "cache is empty this is the NVRTC compile, else a read of the cache):",
+                      "", "| module | seconds |", "|---|---|"]
+            lines += [f"| {k} | {v:.1f} |" for k, v in sorted(seconds.items())]
         write(out, "tests", lines)
 
     if "sanitizer" not in skip:
@@ -218,9 +241,16 @@ def main(argv=None) -> int:
                   f"({seen[-1] if seen else 'no'} errors, exit {rc})."]
         write(out, "sanitizer", lines)
 
+    if "before" not in skip and args.base_tree:
+        write(out, "before", before(py, os.path.abspath(args.base_tree), args.base_commit,
+                                    out))
+
     if "bench" not in skip:
-        rc, secs = sh([py, "-m", "bench.run", "--out", out], os.path.join(out, "bench-log.txt"),
-                      timeout=900)
+        cmd = [py, "-m", "bench.run", "--out", out]
+        if os.path.exists(os.path.join(out, "calls-before.json")):
+            cmd += ["--before", os.path.join(out, "calls-before.json"),
+                    "--before-label", args.base_commit]
+        rc, secs = sh(cmd, os.path.join(out, "bench-log.txt"), timeout=900)
         lines = ["## Benchmarks (float32)", ""]
         md = os.path.join(out, "bench.md")
         lines.append(open(md).read() if os.path.exists(md) else f"benchmarks failed (exit {rc}); see bench-log.txt")
@@ -275,7 +305,69 @@ def main(argv=None) -> int:
     return assemble(out)
 
 
-PHASES = ("tests", "sanitizer", "bench", "gru", "main")
+PHASES = ("tests", "sanitizer", "bench", "gru", "main", "before")
+
+#: times the first load of the base tree's GRU kernel module(s), in a fresh CuPy cache
+_BASE_COMPILE = r"""
+import json, sys, time
+import cupy
+t0 = time.perf_counter()
+try:
+    from cukernels import _rt
+    _rt._module("gru.cu", cupy.cuda.runtime.getDevice()).get_function(_rt.REGISTRY["gru.cu"][0])
+except ImportError:
+    from cukernels import runtime
+    import cugru
+    for n, s in runtime.sources().items():
+        if n.startswith("gru"):
+            for g, names in s.groups().items():
+                runtime.kernel(n, names[0])
+print(json.dumps(time.perf_counter() - t0))
+"""
+
+
+def before(py, tree, label, out):
+    """The base tree's first-use compile of the GRU's kernels (a fresh CuPy cache) and its
+    cost of a call (bench/calls.py of this tree, run on the base tree's packages)."""
+    log = os.path.join(out, "before-log.txt")
+    lines = [f"## Before: {label}, measured in this run", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = os.path.join(tmp, "cache")
+        env = {"PYTHONPATH": tree, "CUPY_CACHE_DIR": cache}
+        t0 = time.time()
+        p = subprocess.run([py, "-c", _BASE_COMPILE], cwd=tree, env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=400)
+        with open(log, "a") as f:
+            f.write(p.stdout + p.stderr)
+        if p.returncode == 0:
+            lines.append(f"- First use of the GRU's kernels, {label}, in an empty CuPy cache: "
+                         f"{float(p.stdout.strip().splitlines()[-1]):.1f} s of compile "
+                         f"({time.time() - t0:.0f} s with the start-up).")
+        else:
+            lines.append(f"- The base tree's compile failed (exit {p.returncode}); see "
+                         "before-log.txt")
+        pkg = os.path.join(tmp, "callbench")
+        os.makedirs(pkg)
+        for name in ("__init__.py", "timing.py", "calls.py"):
+            src = os.path.join(ROOT, "bench", name)
+            if name == "__init__.py":
+                open(os.path.join(pkg, name), "w").close()
+            else:
+                shutil.copy(src, pkg)
+        result = os.path.join(out, "calls-before.json")
+        env["PYTHONPATH"] = os.pathsep.join([tree, tmp])
+        rc, _ = sh([py, "-m", "callbench.calls", "--json", result], log, env=env, timeout=400)
+        if os.path.exists(result):
+            with open(result) as f:
+                rows = json.load(f)
+            lines += ["", f"Cost of a call, {label} (bench/calls.py on its packages; "
+                      "this tree's is in the benchmarks above):", ""]
+            lines += [f"- {r['case']}: {r['ours_us']:.1f} µs (torch's call "
+                      + ("-" if r["torch_us"] is None else f"{r['torch_us']:.1f} µs") + ")"
+                      for r in rows]
+        else:
+            lines.append(f"- The base tree's call costs failed (exit {rc}); see before-log.txt")
+    return lines
 
 
 def write(out, phase, lines):

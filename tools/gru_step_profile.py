@@ -3,43 +3,49 @@
     ncu --kernel-name regex:gru_tile ... python tools/gru_step_profile.py S7 [train]
     python tools/gru_step_profile.py S1 [train] --host
     python tools/gru_step_profile.py S1 --pieces
+    python tools/gru_step_profile.py tiny train --host
+
+A shape id is one of bench/shapes.py's SHAPES, or "tiny" (T = B = I = H = 1, its TINY).
 
 Runs the forward pass (inference, or with `train` the forward pass keeping the history and
 the backward recurrence) of shape S1-S10 once on the plan fast_plan chooses, after one
-warm-up pass. With --host: the public calls (gru_forward, and gru_backward with `train`)
-200 times under cProfile, printing where the host's time goes. With --pieces: the host time of each
-piece of a fast-path inference call (argument checks, plan, allocations, the input GEMM,
-the launch), each timed alone over many repeats.
+warm-up pass (cugru.plans runs the passes). With --host: the public calls (gru_forward,
+and gru_backward with `train`) 200 times under cProfile, printing where the host's time
+goes. With --pieces: the host time of each piece of an inference call (argument checks,
+plan, allocations, the input GEMM, the launch), each timed alone over many repeats.
 """
 import sys
 
 import numpy as np
 
 
+def shape_of(sid):
+    from bench.shapes import SHAPES, TINY
+    return TINY if sid == "tiny" else SHAPES[sid]
+
+
 def main(argv):
     import cupy as cp
 
-    from bench.gru import SHAPES, make_problem
-    from cugru import gru
-    from cugru._args import GruSaved
+    from bench.shapes import make_problem
+    from cugru import plans
     sid, train = argv[0], "train" in argv[1:]
     if "--host" in argv:
         return host_profile(sid, train)
     if "--pieces" in argv:
         return host_pieces(sid)
-    T, B, I, H, bi = SHAPES[sid]
+    T, B, I, H, bi = shape_of(sid)
     D = 2 if bi else 1
     p = make_problem(T, B, I, H, bi)
     a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
-    plan = gru.fast_plan(B, H, D, np.float32)
+    plan = plans.fast_plan(B, H, D, np.float32)
     print(sid, plan, file=sys.stderr)
-    dims = (T, B, I, H, D)
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
     for _ in range(2):
-        y, hn, hs, gates = gru._forward_gpu(a["x"], a["h0"], *w, dims, train, plan)
+        y, hn, saved = plans.forward(a["x"], a["h0"], *w, plan, bidirectional=bi,
+                                     training=train)
         if train:
-            saved = GruSaved(a["x"], a["w_ih"], a["w_hh"], hs, gates, False)
-            gru._backward_recurrence(a["dy"], None, saved, dims, plan)
+            plans.backward_recurrence(a["dy"], None, saved, plan)
     cp.cuda.runtime.deviceSynchronize()
 
 
@@ -51,8 +57,8 @@ def host_profile(sid, train, calls=200):
     import cupy as cp
 
     import cugru
-    from bench.gru import SHAPES, make_problem
-    T, B, I, H, bi = SHAPES[sid]
+    from bench.shapes import make_problem
+    T, B, I, H, bi = shape_of(sid)
     p = make_problem(T, B, I, H, bi)
     a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
@@ -82,51 +88,46 @@ def host_pieces(sid, reps=2000):
 
     import cupy as cp
 
-    from bench.gru import SHAPES, make_problem
-    from cugru import _args, gru
-    from cukernels import _rt
-    T, B, I, H, bi = SHAPES[sid]
+    import cugru
+    from bench.shapes import make_problem
+    from cugru import _args, _device, _passes, _plan
+    T, B, I, H, bi = shape_of(sid)
     D = 2 if bi else 1
     p = make_problem(T, B, I, H, bi)
     a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
-    x, dt, G = a["x"], a["x"].dtype, 3 * H
-    plan = gru.fast_plan(B, H, D, np.float32)
-    fn = gru._persist_kernel(plan.forward_kernel("float", False), plan.smem_fwd)
-    gi, hs = cp.empty((T, B, D, G), dt), cp.empty((D, 2, B, H), dt)
-    y, h_n = cp.empty((T, B, D * H), dt), cp.empty((D, B, H), dt)
-    i32 = np.int32
-    args = (gi, a["w_hh"], a["b_ih"], a["b_hh"], hs, y, y, h_n, i32(T), i32(B), i32(H), i32(2),
-            i32(plan.units), i32(plan.lanes), i32(plan.rows)) + plan.launch_args(cp, D)
-
-    def gemm(loop):
-        loop.gemm(True, False, D * G, T * B, I, a["w_ih"].data.ptr, I, 0, x.data.ptr, I, 0,
-                  0.0, gi.data.ptr, D * G, 0)
+    x, dt = a["x"], a["x"].dtype
+    args = _args.forward_args(x, a["h0"], *w, bi, False)
+    plan = _plan.choose("auto", B, H, D, dt)
+    fwd = _passes.ForwardPass(args)
+    kern = plan.kernels("float")[1] if plan is not _plan.STEPS else None
 
     def in_loop(body):
         def run():
-            with _rt.StepLoop(dt) as loop:
+            with _device.Loop(dt) as loop:
                 body(loop)
         return run
 
+    def gemm(loop):
+        G = 3 * H
+        loop.gemm(True, False, D * G, T * B, I, a["w_ih"].data.ptr, I, 0, x.data.ptr, I, 0,
+                  0.0, fwd.gi.data.ptr, D * G, 0)
+
     pieces = {
-        "gru_forward (all)": lambda: gru.gru_forward(x, a["h0"], *w, bidirectional=bi,
-                                                     training=False),
+        "gru_forward (all)": lambda: cugru.gru_forward(x, a["h0"], *w, bidirectional=bi,
+                                                       training=False),
         "forward_args": lambda: _args.forward_args(x, a["h0"], *w, bi, False),
-        "_choose": lambda: gru._choose("auto", B, H, D, dt),
-        "cupy.empty x4": lambda: [cp.empty((T, B, D, G), dt), cp.empty((D, 2, B, H), dt),
-                                  cp.empty((T, B, D * H), dt), cp.empty((D, B, H), dt)],
-        "copy_bytes (h0)": lambda: _rt.copy_bytes(hs.data.ptr, a["h0"].data.ptr,
-                                                  B * H * D * dt.itemsize),
-        "StepLoop enter/exit": in_loop(lambda loop: None),
-        "StepLoop + input GEMM": in_loop(gemm),
-        "kernel lookup + name": lambda: gru._persist_kernel(plan.forward_kernel("float", False),
-                                                            plan.smem_fwd),
-        "launch_args": lambda: plan.launch_args(cp, D),
-        "StepLoop + launch": in_loop(lambda loop: loop.launch(
-            fn, (plan.blocks, D), (plan.threads,), args, shared_mem=plan.smem_fwd,
-            cooperative=not plan.cluster)),
+        "choose": lambda: _plan.choose("auto", B, H, D, dt),
+        "ForwardPass (allocations)": lambda: _passes.ForwardPass(args),
+        "copy_bytes (h0)": lambda: _device.copy_bytes(fwd.hs.data.ptr, a["h0"].data.ptr,
+                                                      B * H * D * dt.itemsize),
+        "Loop enter/exit": in_loop(lambda loop: None),
+        "Loop + input GEMM": in_loop(gemm),
+        "plan.kernels": lambda: plan.kernels("float"),
     }
+    if kern is not None:
+        pieces["forward_args of the plan"] = lambda: plan.forward_args(fwd)
+        pieces["Loop + launch"] = in_loop(lambda loop: plan.forward(loop, fwd))
     for name, f in pieces.items():
         f()
         cp.cuda.runtime.deviceSynchronize()
@@ -137,7 +138,7 @@ def host_pieces(sid, reps=2000):
                 f()
             total += time.perf_counter() - t0
             cp.cuda.runtime.deviceSynchronize()
-        print(f"{sid} {name:24s} {total / reps * 1e6:8.1f} us host per call", flush=True)
+        print(f"{sid} {name:26s} {total / reps * 1e6:8.1f} us host per call", flush=True)
 
 
 if __name__ == "__main__":

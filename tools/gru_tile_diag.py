@@ -10,7 +10,7 @@ product; the arrival at the counter.
 A shape id may name the tile kernel to time after a colon (a TILES entry: cluster, packs,
 most rows, threads, units per thread), one row per group, in place of fast_plan's choice.
 
-A diagnostic, not part of the package: it patches kernels/gru.cu's text in memory (and
+A diagnostic, not part of the package: it patches kernels/gru_tile.cu's text in memory (and
 stops with an AssertionError when the text it patches has changed) and compiles each
 variant with CuPy. The variants compute wrong results; only their times mean anything.
 """
@@ -79,25 +79,26 @@ def grid_variants(src):
 
 
 def main(argv):
-    from bench.gru import SHAPES
-    from cugru import gru
-    from cukernels import _rt
-    src0 = _rt.load_source("gru.cu")
+    from bench.shapes import SHAPES
+    from cugru import plans
+    from cukernels import runtime
+    src0 = runtime.source("gru_tile.cu").text()
     for arg in argv:
         sid, _, tile = arg.partition(":")
         T, B, I, H, bi = SHAPES[sid]
         D = 2 if bi else 1
-        plan = gru.fast_plan(B, H, D, np.float32)
+        plan = plans.fast_plan(B, H, D, np.float32)
         if tile:
-            plan = gru._tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
+            plan = plans.tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
             if plan is None or not plan.cluster:
                 raise SystemExit(f"{arg}: that tile kernel does not hold {sid} at block or "
                                  "cluster scope")
         print(sid, plan, file=sys.stderr)
+        from cugru import _catalog
         for label, src in (variants if plan.cluster else grid_variants)(src0).items():
             launch, mod = tile_launcher(src, sid, plan, False)
             us = step_us(launch, T)
-            regs = mod.get_function(plan.forward_kernel("float", False)).num_regs
+            regs = mod.get_function(_catalog.tile_forward("float", plan.tile, False)).num_regs
             print(f"{sid} {label:28s} {us * T / 1e3:.4f} ms  {us:.3f} us/step  regs {regs}",
                   flush=True)
 
@@ -154,39 +155,40 @@ def clock_source(src, marks):
 def tile_launcher(src, sid, plan, backward, mod=None):
     """(launch, module): one launch of `plan`'s forward (inference) or backward tile kernel,
     compiled from `src` (or taken from `mod`), on inputs of shape `sid` (random: only times
-    mean anything)"""
+    mean anything), with the arguments the plan gives its kernels"""
     import cupy as cp
 
-    from bench.gru import SHAPES, make_problem
-    from cukernels import _rt
+    from bench.shapes import SHAPES, make_problem
+    from cugru import _args, _catalog, _device, _passes
+    from cukernels import runtime
     T, B, I, H, bi = SHAPES[sid]
-    D = 2 if bi else 1
-    name = plan.backward_kernel("float") if backward else plan.forward_kernel("float", False)
+    name = (_catalog.tile_backward("float", plan.tile) if backward
+            else _catalog.tile_forward("float", plan.tile, False))
     if mod is None:
-        mod = cp.RawModule(code=src, options=_rt.COMPILE_OPTIONS, name_expressions=[name])
-    fn = mod.get_function(name)
+        mod = cp.RawModule(code=src, options=runtime.COMPILE_OPTIONS, name_expressions=[name])
+    kern = runtime.Kernel(name, mod.get_function(name),
+                          runtime.parse_signatures(src)[name.split("<")[0]])
     smem = plan.smem_bwd if backward else plan.smem_fwd
-    fn.max_dynamic_shared_size_bytes = smem
+    kern.allow_shared(smem)
+    p = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v
+         for k, v in make_problem(T, B, I, H, bi).items()}
+    a = _args.forward_args(p["x"], p["h0"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"], bi,
+                           backward)
+    fwd = _passes.ForwardPass(a)
     rng = np.random.default_rng(0)
-    f32 = lambda *shape: cp.asarray(rng.standard_normal(shape) * 0.5, np.float32)  # noqa: E731
-    p = make_problem(T, B, I, H, bi)
-    w_hh, b_ih, b_hh = (cp.asarray(p[k]) for k in ("w_hh", "b_ih", "b_hh"))
-    i32 = np.int32
+    fwd.gi[...] = cp.asarray(rng.standard_normal(fwd.gi.shape) * 0.5, np.float32)
+    fwd.hs[...] = cp.asarray(rng.standard_normal(fwd.hs.shape) * 0.5, np.float32)
     if backward:
-        gates = cp.asarray(rng.uniform(0.1, 0.9, (D, T, B, 4 * H)), np.float32)
-        args = (f32(T, B, D * H), gates, f32(D, T + 1, B, H), w_hh, np.int64(0),
-                f32(T, B, D, 3 * H), f32(D, T, B, 3 * H), f32(D, B, H), i32(T), i32(B),
-                i32(H), i32(plan.units), i32(plan.lanes), i32(plan.rows))
-    else:
-        y = f32(T, B, D * H)
-        args = (f32(T, B, D, 3 * H), w_hh, b_ih, b_hh, cp.zeros((D, 2, B, H), np.float32),
-                y, y, f32(D, B, H), i32(T), i32(B), i32(H), i32(2), i32(plan.units),
-                i32(plan.lanes), i32(plan.rows))
+        fwd.gates[...] = cp.asarray(rng.uniform(0.1, 0.9, fwd.gates.shape), np.float32)
+        saved = _passes.GruSaved(a.x, a.w_ih, a.w_hh, fwd.hs, fwd.gates, False)
+        pas = _passes.BackwardPass(p["dy"], None, saved)
+        dh = cp.empty((pas.D, B, H), np.float32)
 
     def launch():
-        # (grid scope: fresh counters, each launch's blocks count from zero)
-        with _rt.StepLoop(np.float32) as loop:
-            loop.launch(fn, (plan.blocks, D), (plan.threads,), args + plan.launch_args(cp, D),
+        # (the plan's arguments each launch: at grid scope fresh counters, counted from zero)
+        args = plan.backward_args(pas, dh) if backward else plan.forward_args(fwd)
+        with _device.Loop(np.float32) as loop:
+            loop.launch(kern, (plan.blocks, a.dims[4]), (plan.threads,), args,
                         shared_mem=smem, cooperative=not plan.cluster)
     return launch, mod
 
@@ -214,19 +216,19 @@ def clock_main(argv):
     and the cycles per step with the clock rate they imply."""
     import cupy as cp
 
-    from bench.gru import SHAPES
-    from cugru import gru
-    from cukernels import _rt
-    src0 = _rt.load_source("gru.cu")
+    from bench.shapes import SHAPES
+    from cugru import plans
+    from cukernels import runtime
+    src0 = runtime.source("gru_tile.cu").text()
     for arg in argv:
         sid, _, tile = arg.partition(":")
         T, B, I, H, bi = SHAPES[sid]
         D = 2 if bi else 1
         for backward in (False, True):
-            plan = gru.fast_plan(B, H, D, np.float32, backward=backward)
+            plan = plans.fast_plan(B, H, D, np.float32, backward=backward)
             if tile:
-                plan = gru._tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
-            if not isinstance(plan, gru.TilePlan) or not plan.cluster or T > CLOCK_STEPS:
+                plan = plans.tile_split(B, H, D, tuple(int(v) for v in tile.split(",")), 1, 4)
+            if not isinstance(plan, plans.TilePlan) or not plan.cluster or T > CLOCK_STEPS:
                 raise SystemExit(f"{arg}: --clock takes block and cluster scope, T <= "
                                  f"{CLOCK_STEPS}")
             marks = BACKWARD_MARKS if backward else FORWARD_MARKS

@@ -1,7 +1,7 @@
 // common.cuh: helpers shared by every cukernels source.
 //
-// The Python loader pastes this text in place of the line that includes it, so
-// CuPy's compile cache (keyed on the source text) sees every edit of this header.
+// The runtime (cukernels/runtime.py) pastes this text in place of the line that includes it,
+// so CuPy's compile cache (keyed on the source text) sees every edit of this header.
 // Sources are compiled by NVRTC: no host headers, no standard library.
 //
 // Element type T is float or double. Element counts are `long long` (arrays may hold
@@ -25,13 +25,9 @@ template <typename T> __device__ __forceinline__ T ck_sign(T x) {
     return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
 }
 
-// ---- tuning knobs (defaults chosen by bench/tune.py on an H100; -D overrides them) --------
-#ifndef CK_UNROLL
-#define CK_UNROLL 2      // 16-byte packs per thread per iteration in the elementwise drivers
-#endif
-#ifndef CK_STREAM
-#define CK_STREAM 0      // 1: streaming (evict-first) loads and stores for one-pass data
-#endif
+// ---- tuning knobs, rendered as #defines from Python (cukernels/_launch.py: UNROLL, STREAM) --
+// CK_UNROLL: 16-byte packs per thread per iteration in the elementwise drivers
+// CK_STREAM: 1 for streaming (evict-first) loads and stores of one-pass data
 
 // ---- 16-byte packs: float4 for float, double2 for double ---------------------------
 template <typename T> struct Pack16;

@@ -23,12 +23,9 @@
 //       flat over W and dW like calc_delta_weights.
 #include "common.cuh"
 
-#ifndef CK_GEMV_UNROLL
-#define CK_GEMV_UNROLL 4   // 16-byte packs of a row in flight per thread (feed-forward)
-#endif
-#ifndef CK_COL_UNROLL
-#define CK_COL_UNROLL 32   // rows of W in flight per thread (hidden gradient); = _rt.COL_UNROLL
-#endif
+// Rendered from Python (cukernels/dense.py): CK_GEMV_UNROLL, the 16-byte packs of a row in
+// flight per thread (feed-forward); CK_COL_UNROLL, the rows of W in flight per thread
+// (hidden gradient; the host cuts slices to multiples of it).
 
 // Row and column of flat index k of a row-major matrix with rows of L elements, from a
 // double reciprocal and one correction step (exact for k < 2^53).

@@ -1,12 +1,10 @@
-"""The benchmark suite: every case pairs our kernel with baselines timed in the same run.
+"""The cukernels benchmark cases: every case pairs our kernel with baselines timed in the
+same run (bench/run.py times them; bench/test_bench.py runs them under pytest-benchmark).
 
-A case builds its arrays once and returns callables. Timing records a CUDA event pair around
-each call, issuing the calls back to back and synchronizing once at the end (as Triton's
-do_bench does): the host runs ahead, so each interval is the device time of one call, for ours
-and the baselines alike, and not the host's Python overhead (host_time_us measures that).
-Warm-up calls keep compilation, module load and handle creation outside. Memory-bound cases report GB/s of the bytes that
-must move (each input read once, each output written once) and the fraction of the measured
-device-to-device copy bandwidth; GEMM-shaped cases report TFLOP/s and the ratio to torch.
+A case builds its arrays once and returns callables. Memory-bound cases report GB/s of the
+bytes that must move (each input read once, each output written once) and the fraction of
+the measured device-to-device copy bandwidth; GEMM-shaped cases report TFLOP/s and the ratio
+to torch.
 """
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from .timing import torch_cuda as _torch
 
 N_ELEM = 2**26          # elementwise and update kernels
 FF_N, FF_I = 8192, 8192  # dense layer: weights 8192 x 8193
@@ -33,14 +33,6 @@ class Bench:
 def _cp():
     import cupy
     return cupy
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 def _rand(cp, shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0):
@@ -188,106 +180,3 @@ def dense_cases():
 
 GROUPS = {"elementwise": elementwise_cases, "update": update_cases, "softmax": softmax_cases,
           "dense": dense_cases}
-
-
-def gpu_time_us(fn, n_repeat=30, n_warmup=5):
-    """Median device time of one call of fn in microseconds (events around back-to-back calls)."""
-    cp = _cp()
-    for _ in range(n_warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    start = [cp.cuda.Event() for _ in range(n_repeat)]
-    end = [cp.cuda.Event() for _ in range(n_repeat)]
-    for s, e in zip(start, end):
-        s.record()
-        fn()
-        e.record()
-    end[-1].synchronize()
-    return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in zip(start, end)])) * 1e3
-
-
-_SPIN_SOURCE = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
-
-
-def held_times_us(fn, n_repeat=20, n_warmup=3):
-    """(host us, device us) per call of a short fn, with the host's issue time hidden.
-
-    A spin kernel holds the GPU while the host queues all n_repeat calls, so the events
-    around them measure the device's back-to-back time alone, and the wall clock around
-    the queueing measures the host's issue time alone. Valid while one run's launches fit
-    in the launch queue (a few per call, n_repeat small).
-    """
-    import time
-    cp = _cp()
-    for _ in range(n_warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    spin = cp.RawKernel(_SPIN_SOURCE, "spin")
-    clock_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"]
-    t0 = time.perf_counter()
-    fn()
-    cp.cuda.Device().synchronize()
-    guess_us = (time.perf_counter() - t0) * 1e6
-    spin_us = 2000 + 3 * n_repeat * guess_us
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    spin((1,), (1,), (np.int64(spin_us * clock_khz / 1e3),))
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(n_repeat):
-        fn()
-    end.record()
-    host = (time.perf_counter() - t0) / n_repeat * 1e6
-    end.synchronize()
-    return host, cp.cuda.get_elapsed_time(start, end) * 1e3 / n_repeat
-
-
-def host_time_us(fn, n_repeat=200, n_warmup=10):
-    """Host time of one call of fn (wall clock over back-to-back calls, one sync at the end)."""
-    import time
-    cp = _cp()
-    for _ in range(n_warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n_repeat):
-        fn()
-    cp.cuda.Device().synchronize()
-    return (time.perf_counter() - t0) / n_repeat * 1e6
-
-
-def host_cases():
-    """Tiny inputs, so that a call costs its host time: ours against torch's equivalent."""
-    import cukernels as ck
-    cp, torch = _cp(), _torch()
-    x = _rand(cp, (4, 16), seed=20)
-    W = _rand(cp, (16, 17), seed=21)
-    D, w, m, v = (_rand(cp, 64, seed=s) for s in (22, 23, 24, 25))
-    v = cp.abs(v)
-    rows = [("sigmoid_activation", lambda: ck.sigmoid_activation(x), None),
-            ("softmax_activation", lambda: ck.softmax_activation(x), None),
-            ("perceptron_feed_forward B=4", lambda: ck.perceptron_feed_forward(x, W), None),
-            ("adam_update", lambda: ck.adam_update(D, w, m, v, 4, t=5), None)]
-    if torch is not None:
-        tx, tW = torch.as_tensor(x, device="cuda"), torch.as_tensor(W, device="cuda")
-        tp = torch.nn.Parameter(torch.as_tensor(w, device="cuda").clone())
-        tp.grad = torch.as_tensor(D, device="cuda").clone()
-        opt = torch.optim.Adam([tp], fused=True)
-        rows = [(rows[0][0], rows[0][1], lambda: torch.sigmoid(tx)),
-                (rows[1][0], rows[1][1], lambda: torch.softmax(tx, -1)),
-                (rows[2][0], rows[2][1], lambda: torch.addmm(tW[:, 16], tx, tW[:, :16].t())),
-                (rows[3][0], rows[3][1], opt.step)]
-    return rows
-
-
-def copy_bandwidth_gbs():
-    """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s."""
-    cp = _cp()
-    src = cp.ones(2**28, dtype=cp.float32)
-    dst = cp.empty_like(src)
-    us = gpu_time_us(lambda: cp.copyto(dst, src), n_repeat=20)
-    return 2 * src.nbytes / us / 1e3

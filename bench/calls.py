@@ -1,0 +1,134 @@
+"""What a call costs: back-to-back calls on tiny inputs (the GRU at T = B = I = H = 1, 64
+elements for cukernels), where the GPU's work is negligible and the wall clock measures the
+host's work per call; ours beside torch's own call in the same run.
+
+    python -m bench.calls [--json FILE] [--repeat N]
+
+It calls the public API only, so that it measures an older tree as well: tools/gpu_report.py
+copies this file and bench/timing.py into a package beside an older checkout and runs it
+there (the "before" column of the report).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from . import timing
+
+#: the goals of each call, in µs of wall clock per call on an H100 host
+GOALS = {"gru_forward(training=False)": 40.0, "GRU train step (forward + backward)": 120.0,
+         "sigmoid_activation (elementwise)": 10.0, "adam_update": 15.0}
+
+
+def cases():
+    """[(name, our call, torch's call or None)] on tiny inputs."""
+    import cupy as cp
+
+    import cugru
+    import cukernels as ck
+    T, B, I, H = 1, 1, 1, 1
+    rng = np.random.default_rng(0)
+    f32 = lambda *s: cp.asarray(rng.uniform(-0.5, 0.5, s).astype(np.float32))  # noqa: E731
+    x, h0, dy = f32(T, B, I), f32(1, B, H), f32(T, B, H)
+    w = (f32(1, 3 * H, I), f32(1, 3 * H, H), f32(1, 3 * H), f32(1, 3 * H))
+    v = f32(64)
+    D, wt, m, s = f32(64), f32(64), f32(64), cp.abs(f32(64))
+
+    def infer():
+        return cugru.gru_forward(x, h0, *w, training=False)
+
+    def train():
+        y, hn, saved = cugru.gru_forward(x, h0, *w)
+        return cugru.gru_backward(dy, None, saved)
+
+    def adam():
+        D.fill(0.5)      # (the update zeroes it; part of the call's cost, as for torch below)
+        ck.adam_update(D, wt, m, s, 4, 1e-3, t=3)
+
+    ours = {"gru_forward(training=False)": infer, "GRU train step (forward + backward)": train,
+            "sigmoid_activation (elementwise)": lambda: ck.sigmoid_activation(v),
+            "adam_update": adam}
+    theirs = dict.fromkeys(ours)
+    torch = timing.torch_cuda()
+    if torch is not None:
+        gru = torch.nn.GRU(I, H).cuda()
+        tx, th0 = torch.as_tensor(x).clone(), torch.as_tensor(h0).clone()
+        tdy = torch.as_tensor(dy).clone()
+        tv = torch.as_tensor(v).clone()
+        p = torch.nn.Parameter(torch.as_tensor(wt).clone())
+        opt = torch.optim.Adam([p], lr=1e-3, fused=True)
+
+        def t_infer():
+            with torch.no_grad():
+                return gru(tx, th0)
+
+        def t_train():
+            y, hn = gru(tx, th0)
+            torch.autograd.backward(y, tdy)
+
+        def t_adam():
+            p.grad = tv           # (a fresh gradient each step, as ours gets)
+            opt.step()
+
+        theirs = {"gru_forward(training=False)": t_infer,
+                  "GRU train step (forward + backward)": t_train,
+                  "sigmoid_activation (elementwise)": lambda: torch.sigmoid(tv),
+                  "adam_update": t_adam}
+    return [(name, fn, theirs[name]) for name, fn in ours.items()]
+
+
+def measure(repeat=200):
+    """[{case, ours_us, torch_us, goal_us}], wall clock per call of back-to-back calls."""
+    torch = timing.torch_cuda()
+
+    def sync():
+        import cupy as cp
+        cp.cuda.Device().synchronize()
+        if torch is not None:
+            torch.cuda.synchronize()
+    rows = []
+    for name, ours, theirs in cases():
+        rows.append({"case": name, "goal_us": GOALS[name],
+                     "ours_us": timing.host_time_us(ours, n_repeat=repeat, sync=sync),
+                     "torch_us": (timing.host_time_us(theirs, n_repeat=repeat, sync=sync)
+                                  if theirs else None)})
+    return rows
+
+
+def markdown(rows, before=None, before_label="before"):
+    """The table: ours, the goal, torch's call, and an earlier tree's where given."""
+    old = {r["case"]: r["ours_us"] for r in (before or [])}
+    head = "| call | ours (µs) | goal (µs) | met | torch's call (µs) |"
+    sep = "|---|---|---|---|---|"
+    if before:
+        head += f" {before_label} (µs) |"
+        sep += "---|"
+    lines = [head, sep]
+    for r in rows:
+        t = "-" if r["torch_us"] is None else f"{r['torch_us']:.1f}"
+        line = (f"| {r['case']} | {r['ours_us']:.1f} | {r['goal_us']:.0f} | "
+                f"{'yes' if r['ours_us'] <= r['goal_us'] else 'NO'} | {t} |")
+        if before:
+            line += f" {old[r['case']]:.1f} |" if r["case"] in old else " - |"
+        lines.append(line)
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the measurements to this file")
+    ap.add_argument("--repeat", type=int, default=200, help="calls per timed run")
+    args = ap.parse_args(argv)
+    rows = measure(args.repeat)
+    print("\n".join(markdown(rows)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The one home of the benchmarks' timing helpers.
+
+Device times: a CUDA event pair around each call, the calls issued back to back with one
+synchronization at the end (as Triton's do_bench does): the host runs ahead, so each
+interval is the device time of one call, for ours and the baselines alike, and not the
+host's Python overhead. Host times: the wall clock over back-to-back calls. Warm-up calls
+keep compilation, module load and handle creation outside every timed region.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+def torch_cuda():
+    """torch, where it is installed with a CUDA device; else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def gpu_time_us(fn, n_repeat=30, n_warmup=5):
+    """Median device time of one call of fn in microseconds (events around back-to-back calls)."""
+    cp = _cp()
+    for _ in range(n_warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    start = [cp.cuda.Event() for _ in range(n_repeat)]
+    end = [cp.cuda.Event() for _ in range(n_repeat)]
+    for s, e in zip(start, end):
+        s.record()
+        fn()
+        e.record()
+    end[-1].synchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(s, e) for s, e in zip(start, end)])) * 1e3
+
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+
+
+def held_times_us(fn, n_repeat=20, n_warmup=3):
+    """(host us, device us) per call of a short fn, with the host's issue time hidden.
+
+    A spin kernel holds the GPU while the host queues all n_repeat calls, so the events
+    around them measure the device's back-to-back time alone, and the wall clock around
+    the queueing measures the host's issue time alone. Valid while one run's launches fit
+    in the launch queue (a few per call, n_repeat small).
+    """
+    cp = _cp()
+    for _ in range(n_warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    spin = cp.RawKernel(_SPIN_SOURCE, "spin")
+    clock_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"]
+    t0 = time.perf_counter()
+    fn()
+    cp.cuda.Device().synchronize()
+    guess_us = (time.perf_counter() - t0) * 1e6
+    spin_us = 2000 + 3 * n_repeat * guess_us
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    spin((1,), (1,), (np.int64(spin_us * clock_khz / 1e3),))
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(n_repeat):
+        fn()
+    end.record()
+    host = (time.perf_counter() - t0) / n_repeat * 1e6
+    end.synchronize()
+    return host, cp.cuda.get_elapsed_time(start, end) * 1e3 / n_repeat
+
+
+def host_time_us(fn, n_repeat=200, n_warmup=10, sync=None):
+    """Wall time of one call of fn in microseconds: back-to-back calls, one synchronization
+    at the end (`sync`, default CuPy's device), the median of five such runs."""
+    sync = sync or _cp().cuda.Device().synchronize
+    for _ in range(n_warmup):
+        fn()
+    sync()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n_repeat):
+            fn()
+        sync()
+        runs.append((time.perf_counter() - t0) / n_repeat * 1e6)
+    return float(np.median(runs))
+
+
+def host_us_per_call_issued(fn, calls, repeat=5):
+    """Median wall time of issuing fn (GPU idle at the start, no sync inside), over `calls`."""
+    cp = _cp()
+    fn()
+    times = []
+    for _ in range(repeat):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    cp.cuda.Device().synchronize()
+    return float(np.median(times)) / calls * 1e6
+
+
+def wall_ms(fn, repeat=3):
+    """Median wall time of fn in ms after one warm-up call (CPU code)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def copy_bandwidth_gbs():
+    """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s."""
+    cp = _cp()
+    src = cp.ones(2**28, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    us = gpu_time_us(lambda: cp.copyto(dst, src), n_repeat=20)
+    return 2 * src.nbytes / us / 1e3
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")

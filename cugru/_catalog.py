@@ -1,0 +1,166 @@
+"""The GRU's kernel catalogue: its kernel families, every instance it launches and their
+names, the tile kernels' table, and the constants it shares with CUDA. Importing it
+registers the families with cukernels' runtime, one source file each:
+
+    gru_steps.cu    the per-step pointwise kernels              (StepsPlan)
+    gru_persist.cu  W_hh in shared memory, a cooperative grid    (PersistPlan)
+    gru_tile.cu     W_hh in registers: block, cluster, grid      (TilePlan)
+    gru_tail.cu     the backward tail's chunk sums               (every backward pass)
+    gru_probes.cu   barriers alone, for the benchmark
+
+Each family compiles as one module per element type, the first time one of its kernels
+runs: a per-step call compiles the per-step family alone. Every constant here that a kernel
+also uses is rendered into its source as a #define named GRU_<name> (``DEFINES``): one
+definition, in Python.
+"""
+from __future__ import annotations
+
+import pathlib
+
+from cukernels import runtime
+
+KERNEL_DIR = pathlib.Path(__file__).with_name("kernels")
+CTYPES = ("float", "double")
+ITEMSIZE = {"float": 4, "double": 8}
+CTYPE = {4: "float", 8: "double"}
+_BOOL = ("false", "true")
+
+#: threads per block of the per-step pointwise kernels
+STEP_THREADS = 256
+#: threads per block of the persist kernels (GRU_PERSIST_THREADS)
+PERSIST_THREADS = 256
+#: batch rows per thread that the persist kernels are built for, per element size (double
+#: with 8 rows spills registers)
+PERSIST_ROWS = {4: (1, 2, 4, 8), 8: (1, 2, 4)}
+#: cluster sizes (blocks per cluster; 1: one block) of the tile kernels at block and cluster
+#: scope; 8 is the largest every cluster-capable GPU runs
+CLUSTERS = (1, 2, 4, 8)
+#: the tile kernels built (W_hh in registers), per element size: (cluster size, 16-byte packs
+#: of each gate's weights per thread, most batch rows per group, threads per block, units per
+#: thread). Cluster size 1 is one block, 0 grid scope (a group of blocks that meet at a
+#: counter in global memory, as many as H needs). A thread holds 3 x packs x units packs of
+#: weights: 96 registers in float, so 512 threads hold H = 128 in one block; double with 8
+#: rows, or 4 units per thread with 8 rows, run out of registers, and so would 512 threads
+#: with 8 rows.
+TILES = {
+    4: tuple((c, q, r, 256, u) for c in CLUSTERS
+             for (q, u), rows in (((4, 1), (1, 8)), ((8, 1), (1, 8)), ((4, 2), (1, 8)),
+                                  ((2, 4), (1,)))
+             for r in rows)
+    + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (0, 4, 8, 256, 2)),
+    8: tuple((c, 8, r, 256, 1) for c in CLUSTERS for r in (1, 4)) + ((0, 8, 4, 256, 1),),
+}
+#: the most lanes per unit of the tile kernels at block and cluster scope (GRU_TILE_MAX_LANES)
+#: and at grid scope (GRU_GRID_MAX_LANES)
+TILE_MAX_LANES = 8
+GRID_MAX_LANES = 64
+#: steps ahead that the tile kernels copy their inputs (GRU_TILE_AHEAD)
+TILE_AHEAD = 8
+#: the most threads a tile kernel's block has (GRU_TILE_MAX_THREADS)
+TILE_MAX_THREADS = max(t[3] for tiles in TILES.values() for t in tiles)
+
+#: the defines of each family: constant name -> value, rendered as GRU_<name>
+DEFINES = {
+    "gru_steps.cu": (),
+    "gru_persist.cu": ("PERSIST_THREADS",),
+    "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES"),
+    "gru_tail.cu": (),
+    "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
+}
+
+
+def _defines(source):
+    return lambda: {f"GRU_{k}": globals()[k] for k in DEFINES[source]}
+
+
+# --------------------------------------------------------------------------- instance names
+def step_forward(ctype, train):
+    return f"gru_forward_step<{ctype},{_BOOL[bool(train)]}>"
+
+
+def step_backward(ctype):
+    return f"gru_backward_step<{ctype}>"
+
+
+def persist_forward(ctype, rows, train):
+    return f"gru_persist_forward<{ctype},{rows},{_BOOL[bool(train)]}>"
+
+
+def persist_backward(ctype, rows):
+    return f"gru_persist_backward<{ctype},{rows}>"
+
+
+def tile_forward(ctype, tile, train):
+    """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own."""
+    cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    flag = _BOOL[bool(train)]
+    if cluster == 0:
+        return f"gru_tile_grid_forward<{ctype},{rest},{flag}>"
+    return f"gru_tile_forward<{ctype},{cluster},{rest},{flag}>"
+
+
+def tile_backward(ctype, tile):
+    cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    if cluster == 0:
+        return f"gru_tile_grid_backward<{ctype},{rest}>"
+    return f"gru_tile_backward<{ctype},{cluster},{rest}>"
+
+
+def sum_chunks(ctype):
+    return f"gru_sum_chunks<{ctype}>"
+
+
+def cluster_barrier_probe(cluster):
+    return f"gru_cluster_barrier_probe<{cluster}>"
+
+
+COUNTER_BARRIER_PROBE = "gru_counter_barrier_probe"
+
+
+def tile_runs_on(tile, cc: int) -> bool:
+    """Whether cugru launches the tile kernels of `tile` on a GPU of compute capability `cc`
+    (90 for sm_90): clusters, 512 threads (whose registers the sm_90 compiler fits without
+    spilling) and grid scope (sm_80's compiler spills its backward) from sm_90 on; one block
+    of 256 threads everywhere."""
+    cluster, packs, rows, threads, units = tile
+    return cc >= 90 or (cluster == 1 and threads <= 256)
+
+
+# ---------------------------------------------------------------------------- the families
+def _tile_instances():
+    """{ctype: names} of the tile family, and {name: tile} (for launched_on)."""
+    groups, tiles = {}, {}
+    for c in CTYPES:
+        names = []
+        for tile in TILES[ITEMSIZE[c]]:
+            for name in (tile_forward(c, tile, False), tile_forward(c, tile, True),
+                         tile_backward(c, tile)):
+                names.append(name)
+                tiles[name] = tile
+        groups[c] = tuple(names)
+    return groups, tiles
+
+
+def _tile_launched_on(name, cc):
+    return tile_runs_on(_tile_instances()[1][name], cc)
+
+
+INSTANCES = {
+    "gru_steps.cu": lambda: {c: (step_forward(c, False), step_forward(c, True),
+                                 step_backward(c)) for c in CTYPES},
+    "gru_persist.cu": lambda: {c: tuple(n for r in PERSIST_ROWS[ITEMSIZE[c]]
+                                        for n in (persist_forward(c, r, False),
+                                                  persist_forward(c, r, True),
+                                                  persist_backward(c, r))) for c in CTYPES},
+    "gru_tile.cu": lambda: _tile_instances()[0],
+    "gru_tail.cu": lambda: {c: (sum_chunks(c),) for c in CTYPES},
+    "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)
+                              + (COUNTER_BARRIER_PROBE,)},
+}
+
+SOURCES = {
+    name: runtime.register(runtime.Source(
+        name, KERNEL_DIR, instances, defines=_defines(name),
+        **({"launched_on": _tile_launched_on} if name == "gru_tile.cu" else {})))
+    for name, instances in INSTANCES.items()
+}

@@ -1,0 +1,210 @@
+"""cugru's device layer: everything the GRU's plans and passes ask of CuPy and CUDA.
+
+It is the one seam between the GRU's launch code and the GPU: the CPU plan test
+(tests/test_gru_plan.py) replaces these names with numpy stand-ins and runs the whole GPU
+code path on the host. Kernels are cukernels.runtime's (arguments packed by the parameter
+names of their CUDA declarations); ``Loop`` issues a pass's cuBLAS products and launches
+with the least host work per call.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from cukernels import runtime
+
+from . import _catalog  # noqa: F401  (registers the GRU's kernel sources)
+
+#: launch through CuPy's RawKernel call instead of the packed launch (slower on the host;
+#: the reference that the packed launch is tested and timed against)
+PLAIN_LAUNCH = False
+
+
+def cupy():
+    """The cupy module (the CPU plan test gives a numpy stand-in)."""
+    return runtime.cupy_module()
+
+
+def device():
+    """What the planner asks of the current device (runtime.Device: SMs, shared memory,
+    compute capability)."""
+    return runtime.device()
+
+
+def kernel(family: str, name: str):
+    """The compiled kernel `name` of a family (a cugru/kernels source), compiled on first use."""
+    return runtime.kernel(family, name)
+
+
+def shared(kern, nbytes: int):
+    """`kern` allowed `nbytes` of dynamic shared memory."""
+    return kern.allow_shared(nbytes)
+
+
+def blocks_per_sm(kern, threads: int, shared_mem: int) -> int:
+    """How many blocks of `kern` one SM holds at once (the occupancy API)."""
+    return runtime.cupy_module().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        kern.ptr, threads, shared_mem)
+
+
+class _LaunchConfig(ctypes.Structure):       # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+_DRIVER = None
+
+
+def clusters_at_once(kern, cluster: int, threads: int, shared_mem: int):
+    """cuOccupancyMaxActiveClusters for a kernel with compile-time cluster dimensions: how
+    many of its clusters the GPU runs at once; None where the driver has no such query."""
+    global _DRIVER
+    try:
+        if _DRIVER is None:
+            _DRIVER = ctypes.CDLL("libcuda.so.1")
+        query = _DRIVER.cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+    config = _LaunchConfig(cluster, 1, 1, threads, 1, 1, shared_mem, None, None, 0)
+    count = ctypes.c_int(0)
+    rc = query(ctypes.byref(count), ctypes.c_void_p(kern.ptr), ctypes.byref(config))
+    return count.value if rc == 0 and count.value > 0 else None
+
+
+def copy_bytes(dst: int, src: int, nbytes: int) -> None:
+    """Device-to-device copy of nbytes between raw addresses, on the current stream."""
+    cp = runtime.cupy_module()
+    cp.cuda.runtime.memcpyAsync(dst, src, nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+                                cp.cuda.get_current_stream().ptr)
+
+
+def zero_bytes(dst: int, nbytes: int) -> None:
+    """Zero nbytes at a raw device address, on the current stream."""
+    cp = runtime.cupy_module()
+    cp.cuda.runtime.memsetAsync(dst, 0, nbytes, cp.cuda.get_current_stream().ptr)
+
+
+def views(flat, *shapes):
+    """C-contiguous arrays of `shapes`, one after the other in the flat array `flat` (views:
+    cheaper on the host than slicing and reshaping)."""
+    nd = runtime.cupy_module().ndarray
+    out, at, it = [], flat.data, flat.dtype.itemsize
+    for shape in shapes:
+        out.append(nd(shape, flat.dtype, memptr=at))
+        n = 1
+        for d in shape:
+            n *= d
+        at = at + n * it
+    return tuple(out)
+
+
+_ONES: dict = {}
+
+
+def ones(n: int, dtype):
+    """A device vector of n ones, kept per (n, dtype, device) for the bias GEMMs."""
+    cp = runtime.cupy_module()
+    key = (n, np.dtype(dtype).char, cp.cuda.runtime.getDevice())
+    vec = _ONES.get(key)
+    if vec is None:
+        vec = _ONES[key] = cp.ones(n, dtype)
+    return vec
+
+
+_HOST_SCALARS: dict = {}
+_HOST_KEPT: list = []
+
+
+def _host_scalars(dtype):
+    """{0.0: address, 1.0: address} of host scalars of `dtype` for cuBLAS' alpha and beta,
+    made once and kept (reading an array's .ctypes.data costs microseconds per call)."""
+    got = _HOST_SCALARS.get(dtype)
+    if got is None:
+        arrays = [np.array(v, dtype=dtype) for v in (0.0, 1.0)]
+        got = _HOST_SCALARS[dtype] = {float(a): a.ctypes.data for a in arrays}
+        _HOST_KEPT.extend(arrays)
+    return got
+
+
+class Loop:
+    """The launches and cuBLAS products of one pass, with the least host work per call.
+
+    Use as a context manager around the pass: it sets cuBLAS' pointer mode to host at the
+    first product (and restores it after), keeps alpha and beta in host arrays, and packs a
+    per-step kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one
+    cuBLAS call. GEMM operands are raw addresses (ints); the caller keeps the arrays alive.
+    """
+
+    _cublas = None
+
+    def __init__(self, dtype, *, plain=None):
+        if Loop._cublas is None:
+            from cupy_backends.cuda.libs import cublas
+            Loop._cublas = cublas
+        cb = self._cublas
+        self.dtype = np.dtype(dtype)
+        self.plain = PLAIN_LAUNCH if plain is None else plain
+        self._gemm = (cb.sgemmStridedBatched if self.dtype == np.float32
+                      else cb.dgemmStridedBatched)
+        self._scalars = _host_scalars(self.dtype.char)
+        self.handle = None
+        self._mode = None
+        self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._mode is not None:
+            self._cublas.setPointerMode(self.handle, self._mode)
+            self._mode = None
+        return False
+
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+        """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
+        addresses (ints), strides in elements."""
+        cb = self._cublas
+        if self._mode is None:
+            self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
+            self._mode = cb.getPointerMode(self.handle)
+            cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
+        self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+                   cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
+                   self._scalars[1.0], A, lda, sA, B, ldb, sB,
+                   self._scalars[float(beta)], C, ldc, sC, batch)
+
+    def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
+        """Launch `kern` once with `args` (by parameter name); `cooperative`: every block
+        resident at once, for a kernel with a barrier across blocks."""
+        kern.launch(grid, block, args, shared_mem=shared_mem, cooperative=cooperative,
+                    stream=self.stream)
+
+    def kernel(self, kern, grid, block, args, step_arg):
+        """A callable launch(step) of `kern` with `args`, whose int parameter `step_arg` is
+        the step: the arguments are packed once, and each step rewrites that one slot (with
+        `plain`, each step goes through CuPy's RawKernel call instead)."""
+        if self.plain:
+            args = dict(args)
+
+            def launch(step):
+                args[step_arg] = step
+                kern.raw(tuple(grid), tuple(block), kern.typed(args))
+            return launch
+        slot = kern.names.index(step_arg)
+        buf = (ctypes.c_uint64 * len(kern.params))()
+        kern.pack_into(buf, args)
+        base = ctypes.addressof(buf)
+        addrs = (ctypes.c_void_p * len(kern.params))(*range(base, base + 8 * len(buf), 8))
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        fptr, stream, address = kern.ptr, self.stream, ctypes.addressof(addrs)
+        launch_kernel = runtime.cupy_module().cuda.driver.launchKernel
+
+        def launch(step, _keep=(buf, addrs)):
+            buf[slot] = step & 0xFFFFFFFF
+            launch_kernel(fptr, gx, gy, gz, bx, by, bz, 0, stream, address, 0)
+        return launch

@@ -1,0 +1,197 @@
+"""The GPU passes around a plan's recurrence, shared by every plan: the buffers of a pass,
+the input projection before the forward recurrence, and the backward pass's tail after its
+recurrence (the input gradient and the weight and bias gradients).
+
+forward   one GEMM projects every step's input, x (T*B, I) by W_ih of both directions, into
+          gi; then the plan's recurrence writes hs, y, the history and h_n
+backward  the plan's recurrence writes d_gate_i by time (dgi), d_gate_h by step (dgh) and
+          dh0; then dx is one GEMM over all T*B rows with both directions summed in K, and
+          dW_ih, dW_hh, db_ih, db_hh are GEMMs over all rows in chunks (``weight_grads``).
+          No atomics: the same bits every run.
+(The patent behind cugru names the backward steps S1 to S4: the gate gradients of a step,
+the weight gradients, the bias gradients and the input gradient. Here they are called by
+what they compute, apart from the benchmark's shapes S1 to S10.)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _catalog as cat
+from . import _device as dev
+from ._args import shaped_grads
+from .saved import GruSaved
+
+#: the weight and bias gradients sum over all T*B rows; they do it in up to WGRAD_CHUNKS
+#: chunks of at least MIN_CHUNK_ROWS rows, each one GEMM that adds into the result
+#: (beta = 1). A float32 sum's rounding error grows with the rows summed in one pass, so this
+#: cuts it about WGRAD_CHUNKS-fold, with no extra memory and the same bits every run.
+WGRAD_CHUNKS = 8
+MIN_CHUNK_ROWS = 256
+#: the chunks run batched (see weight_grads) while all chunks' partial results take at most
+#: WGRAD_PARTIAL_BYTES, or at most WGRAD_PARTIAL_DGI times the bytes of d_gate_i (the backward
+#: pass's largest buffer: its peak memory then grows by at most that much). Measured on S8-S10
+#: (docs/performance.md): batched, the tail took 12-25% less time.
+WGRAD_PARTIAL_BYTES = 32 << 20
+WGRAD_PARTIAL_DGI = 1
+
+
+class ForwardPass:
+    """The buffers of a forward pass (gru_common.cuh has their layouts). S = T + 1 slots of
+    hs when training (every state kept for backward), else 2 (ping-pong); gates is None
+    without training."""
+    __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "w_ih",
+                 "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates")
+
+    def __init__(self, a):
+        cp = dev.cupy()
+        self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
+        self.dtype = dt = a.x.dtype
+        self.ctype = cat.CTYPE[dt.itemsize]
+        self.training = a.training
+        self.x, self.w_ih, self.w_hh, self.b_ih, self.b_hh = a.x, a.w_ih, a.w_hh, a.b_ih, a.b_hh
+        self.S = S = T + 1 if a.training else 2
+        self.gi = cp.empty((T, B, D, 3 * H), dt)
+        self.hs = cp.empty((D, S, B, H), dt)
+        self.y = cp.empty((T, B, D * H), dt)
+        self.h_n = cp.empty((D, B, H), dt)
+        self.gates = cp.empty((D, T, B, 4 * H), dt) if a.training else None
+
+
+class BackwardPass:
+    """The buffers of a backward pass: the history and the gate gradients."""
+    __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
+                 "hs", "gates", "dgi", "dgh")
+
+    def __init__(self, dy, dh_n, saved):
+        cp = dev.cupy()
+        self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
+        self.dtype = dt = dy.dtype
+        self.ctype = cat.CTYPE[dt.itemsize]
+        self.dy, self.dh_n = dy, dh_n
+        self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
+        self.hs, self.gates = saved.hs, saved.gates
+        self.dgi = cp.empty((T, B, D, 3 * H), dt)
+        self.dgh = cp.empty((D, T, B, 3 * H), dt)
+
+
+def forward(a, plan):
+    """The forward pass of checked arguments `a` (cugru._args.ForwardArgs) on `plan`:
+    (y, h_n, GruSaved or None)."""
+    p = ForwardPass(a)
+    run_forward(p, a.h0, plan)
+    saved = GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze) if a.training else None
+    return p.y, p.h_n, saved
+
+
+def run_forward(p, h0, plan):
+    """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n."""
+    T, B, I, H, D, S = p.T, p.B, p.I, p.H, p.D, p.S
+    it, BH, G = p.dtype.itemsize, p.B * p.H, 3 * p.H
+    hs = p.hs.data.ptr
+    for d in range(D):
+        if h0 is None:
+            dev.zero_bytes(hs + d * S * BH * it, BH * it)
+        else:
+            dev.copy_bytes(hs + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
+    with dev.Loop(p.dtype) as loop:
+        # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
+        loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
+                  0.0, p.gi.data.ptr, D * G, 0)
+        plan.forward(loop, p)
+    if not plan.writes_h_n:
+        for d in range(D):
+            dev.copy_bytes(p.h_n.data.ptr + d * BH * it, hs + (d * S + T % S) * BH * it,
+                           BH * it)
+
+
+def backward(dy, dh_n, saved, plan):
+    """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
+    p = BackwardPass(dy, dh_n, saved)
+    dh = run_recurrence(p, plan)
+    dx, dw_ih, dw_hh, db_ih, db_hh = tail(p)
+    return (dx, dh) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+
+
+def run_recurrence(p, plan):
+    """The plan's reverse recurrence: fills p.dgi and p.dgh; returns dh0."""
+    with dev.Loop(p.dtype) as loop:
+        return plan.backward(loop, p)
+
+
+def tail(p):
+    """dx and the weight and bias gradients, from the gate gradients."""
+    cp = dev.cupy()
+    T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
+    G, TB = 3 * H, T * B
+    dx = cp.empty((T, B, I), p.dtype)
+    with dev.Loop(p.dtype) as loop:
+        # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
+        loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
+                  0.0, dx.data.ptr, I, 0)
+        grads = weight_grads(loop, p)
+    return (dx,) + dev.views(grads, (D, G, I), (D, G, H), (D, G), (D, G))
+
+
+def row_chunks(rows):
+    """(first row, row count) of each chunk of the weight-gradient sums."""
+    per = max(MIN_CHUNK_ROWS, -(-rows // WGRAD_CHUNKS))
+    return [(r0, min(per, rows - r0)) for r0 in range(0, rows, per)]
+
+
+def weight_grads(loop, p):
+    """dW_ih, dW_hh, db_ih and db_hh, flat in one buffer in that order.
+
+    Summed over the T*B rows in chunks (row_chunks), each chunk summed on its own and the
+    chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
+    WGRAD_PARTIAL_DGI times dgi's bytes), each piece is one GEMM batched over the chunks (two
+    when the last chunk is shorter) and gru_sum_chunks adds them up: few host calls. Beyond,
+    each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums
+    are GEMMs with a vector of ones.
+    """
+    cp = dev.cupy()
+    T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
+    dt, G, TB = p.dtype, 3 * H, T * B
+    it = dt.itemsize
+    x, dgi, hs, dgh = p.x.data.ptr, p.dgi.data.ptr, p.hs.data.ptr, p.dgh.data.ptr
+    total = D * G * (I + H + 2)
+    o_hh, o_bih = D * G * I, D * G * (I + H)
+    o_bhh = o_bih + D * G
+    grads = cp.empty(total, dt)
+    chunks = row_chunks(TB)
+    ones_vec = dev.ones(chunks[0][1], dt)      # (kept alive while its address is used)
+    ones = ones_vec.data.ptr
+    batched = len(chunks) * total * it <= max(WGRAD_PARTIAL_BYTES,
+                                              WGRAD_PARTIAL_DGI * p.dgi.nbytes)
+    if batched:
+        per = chunks[0][1]
+        nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
+        # (first chunk, rows per chunk, chunks): the full chunks, then a shorter last one
+        runs = [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
+        part = grads if len(chunks) == 1 else cp.empty((len(chunks), total), dt)
+    else:
+        runs = [(k, n, 1) for k, (r0, n) in enumerate(chunks)]
+        part = grads
+    for k0, n, count in runs:
+        r0 = chunks[k0][0]
+        beta, out = (0.0, part.data.ptr + k0 * total * it) if batched else \
+            (0.0 if k0 == 0 else 1.0, grads.data.ptr)
+        # dW_ih' (I, D*3H) = x' (I, n) @ dgi[rows] (n, D*3H): both directions at once
+        loop.gemm(False, True, I, D * G, n, x + r0 * I * it, I, n * I,
+                  dgi + r0 * D * G * it, D * G, n * D * G, beta, out, I, total, count)
+        # db_ih (D*3H) = dgi[rows]' @ ones
+        loop.gemm(False, False, D * G, 1, n, dgi + r0 * D * G * it, D * G, n * D * G,
+                  ones, n, 0, beta, out + o_bih * it, D * G, total, count)
+        for d in range(D):
+            # dW_hh[d]' (H, 3H) = hs[d, rows]' (H, n) @ dgh[d, rows] (n, 3H)
+            loop.gemm(False, True, H, G, n, hs + (d * (T + 1) * B + r0) * H * it, H,
+                      n * H, dgh + (d * TB + r0) * G * it, G, n * G, beta,
+                      out + (o_hh + d * G * H) * it, H, total, count)
+            # db_hh[d] (3H) = dgh[d, rows]' @ ones
+            loop.gemm(False, False, G, 1, n, dgh + (d * TB + r0) * G * it, G, n * G,
+                      ones, n, 0, beta, out + (o_bhh + d * G) * it, G, total, count)
+    if batched and len(chunks) > 1:
+        loop.launch(dev.kernel("gru_tail.cu", cat.sum_chunks(p.ctype)),
+                    (min(-(-total // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
+                    {"part": part, "out": grads, "n": total, "ld": total,
+                     "chunks": len(chunks)})
+    return grads

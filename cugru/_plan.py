@@ -1,0 +1,479 @@
+"""The GRU's GPU plans and the planner that picks one per shape.
+
+A plan is one way to run the recurrence of a pass on the GPU. Each plan class owns its
+kernels' names, their launch arguments and its two passes (``forward``, ``backward``); the
+passes around the recurrence (the input projection before it, the weight gradients after
+it: cugru/_passes.py) and every buffer's layout are shared, so the backward pass may run
+another plan than the forward pass did.
+
+    StepsPlan    one pointwise launch and one cuBLAS product per step (gru_steps.cu)
+    PersistPlan  one launch per pass; each block keeps a slice of W_hh in shared memory, and
+                 the blocks of a direction meet at a counter every step (gru_persist.cu)
+    TilePlan     one launch per pass; each thread keeps a tile of W_hh in registers; a group
+                 of batch rows runs on one block, a thread-block cluster, or a group of
+                 blocks meeting at a counter ("grid" scope) (gru_tile.cu)
+
+``choose(path, B, H, D, dtype, backward)`` gives the plan a call runs: for path="auto" a
+TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats the
+per-step path, else STEPS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _catalog as cat
+from . import _device as dev
+
+#: path="auto" takes the persist kernels up to this much recurrent work per step and
+#: direction (B * 3H * H multiply-adds), the per-step path beyond: measured on an H100 (see
+#: docs/performance.md), they won up to S5/S6 and tied on S3 (12.6 M), and the per-step
+#: path's cuBLAS products won from S8 (50 M) on
+PERSIST_AUTO_MAX_WORK = 1 << 24
+#: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
+#: the whole recurrence), the per-step path beyond (see docs/performance.md)
+GRID_AUTO_MAX_WAVES = 2
+#: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
+#: backward): the whole vector when it fits, else chunks of this size
+PERSIST_STAGE_BYTES = 96 * 1024
+#: the persist split's cost model, in SM clock cycles per forward step. A block's product is
+#: bound by its shared-memory loads (a 16-byte load per warp every PERSIST_LDS_CYCLES), its
+#: FMAs (4 warps' instructions per cycle) or the dependent chain of H FMAs per accumulator
+#: (PERSIST_FMA_LATENCY each); every block stages its direction's whole vector from L2, at
+#: about PERSIST_L2_BYTES_PER_CYCLE for the whole chip; a barrier across blocks costs about
+#: PERSIST_BARRIER_CYCLES.
+PERSIST_LDS_CYCLES = 4
+PERSIST_FMA_LATENCY = 4
+PERSIST_L2_BYTES_PER_CYCLE = 3000
+PERSIST_BARRIER_CYCLES = 2000
+
+
+# ----------------------------------------------------------------------------------- steps
+@dataclass(frozen=True)
+class StepsPlan:
+    """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
+    and one pointwise launch (grid axis y = direction)."""
+    scope = "steps"
+    writes_h_n = False      # (the pass copies h_n from the last slot of hs)
+
+    @staticmethod
+    def grid(B, H, D):
+        return (-(-B * H // cat.STEP_THREADS), D)
+
+    def forward_step(self, loop, p):
+        """(product(s), pointwise(s)): the two calls of forward step s."""
+        cp = dev.cupy()
+        T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
+        G = 3 * H
+        gh = cp.empty((D, B, G), p.dtype)
+        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training))
+        pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
+                                {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,
+                                 "hs": p.hs, "y": p.y,
+                                 "gates": p.y if p.gates is None else p.gates, "steps": T,
+                                 "B": B, "H": H, "S": S, "s": 0}, step_arg="s")
+        w_hh, hs, ghp = p.w_hh.data.ptr, p.hs.data.ptr, gh.data.ptr
+
+        def product(s, _keep=gh):
+            # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hs[d, s]' (H, B)
+            loop.gemm(True, False, G, B, H, w_hh, H, G * H, hs + (s % S) * B * H * it, H,
+                      S * B * H, 0.0, ghp, G, B * G, D)
+        return product, pointwise
+
+    def forward(self, loop, p):
+        product, pointwise = self.forward_step(loop, p)
+        for s in range(p.T):
+            product(s)
+            pointwise(s)
+
+    def backward_step(self, loop, p):
+        """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
+        gradient they update (dh0 after step 0)."""
+        cp = dev.cupy()
+        T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
+        G = 3 * H
+        dh = cp.zeros((D, B, H), p.dtype) if p.dh_n is None else p.dh_n.copy()
+        kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype))
+        pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
+                                {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh,
+                                 "dgi": p.dgi, "dgh": p.dgh, "steps": T, "B": B, "H": H,
+                                 "s": 0}, step_arg="s")
+        w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
+
+        def product(s):
+            # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
+            loop.gemm(False, False, H, B, G, w_hh, H, G * H, dgh + s * B * G * it, G,
+                      T * B * G, 1.0, dhp, H, B * H, D)
+        return pointwise, product, dh
+
+    def backward(self, loop, p):
+        """Returns dh0."""
+        pointwise, product, dh = self.backward_step(loop, p)
+        for s in range(p.T - 1, -1, -1):
+            pointwise(s)
+            product(s)
+        return dh
+
+
+STEPS = StepsPlan()
+
+
+# --------------------------------------------------------------------------------- persist
+@dataclass(frozen=True)
+class PersistPlan:
+    """The persist kernels' split of a direction: `blocks` blocks of `units` hidden units
+    each, `rows_per_thread` batch rows per thread, the staging chunk (`kc_fwd`, `kc_bwd`
+    elements of a vector row) and the dynamic shared memory per block of each kernel (the
+    W_hh slice and the staging buffer). Scope "block" (one block per direction:
+    __syncthreads) or "grid" (a barrier across the direction's blocks; cooperative launch)."""
+    blocks: int
+    units: int
+    rows_per_thread: int
+    kc_fwd: int
+    kc_bwd: int
+    smem_fwd: int
+    smem_bwd: int
+    writes_h_n = False
+
+    @property
+    def scope(self):
+        return "block" if self.blocks == 1 else "grid"
+
+    def kernel(self, ctype, kind):
+        """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
+        forward pass without, "backward"), allowed its shared memory."""
+        r = self.rows_per_thread
+        if kind == "backward":
+            name, smem = cat.persist_backward(ctype, r), self.smem_bwd
+        else:
+            name, smem = cat.persist_forward(ctype, r, kind == "train"), self.smem_fwd
+        return dev.shared(dev.kernel("gru_persist.cu", name), smem)
+
+    def kernels(self, ctype):
+        """(train, infer, backward): all three kernels (see ``kernel``)"""
+        return tuple(self.kernel(ctype, k) for k in ("train", "infer", "backward"))
+
+    def forward(self, loop, p):
+        cp = dev.cupy()
+        kern = self.kernel(p.ctype, "train" if p.training else "infer")
+        loop.launch(kern, (self.blocks, p.D), (cat.PERSIST_THREADS,),
+                    {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
+                     "y": p.y, "gates": p.y if p.gates is None else p.gates,
+                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
+                     "S": p.S, "J": self.units, "KC": self.kc_fwd},
+                    shared_mem=self.smem_fwd, cooperative=self.blocks > 1)
+
+    def backward(self, loop, p):
+        cp = dev.cupy()
+        dh = cp.empty((p.D, p.B, p.H), p.dtype)
+        loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (cat.PERSIST_THREADS,),
+                    {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh,
+                     "dh_n": cp.zeros((p.D, p.B, p.H), p.dtype) if p.dh_n is None else p.dh_n,
+                     "dgi": p.dgi, "dgh": p.dgh, "dh0": dh,
+                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
+                     "J": self.units, "KC": self.kc_bwd},
+                    shared_mem=self.smem_bwd, cooperative=self.blocks > 1)
+        return dh
+
+
+def persist_split(B, H, D, blocks, itemsize, smem_limit):
+    """The PersistPlan for `blocks` blocks per direction, or None when a block cannot hold it."""
+    units = -(-H // blocks)
+    blocks = -(-H // units)                      # no block without units
+    if units > cat.PERSIST_THREADS:
+        return None
+    rows = -(-B // (cat.PERSIST_THREADS // units))
+    maxp = next((r for r in cat.PERSIST_ROWS[itemsize] if r >= rows), None)
+    if maxp is None:
+        return None
+    v = 16 // itemsize
+    up = lambda n: -(-n // v) * v  # noqa: E731
+    w_fwd, w_bwd = 3 * units * (up(H) + v), units * (up(3 * H) + v)
+    kcs = []
+    for w, length in ((w_fwd, H), (w_bwd, 3 * H)):
+        room = min(smem_limit, PERSIST_STAGE_BYTES + w * itemsize) // itemsize - w
+        kc = min(up(length), (room // B - v) // v * v)
+        if kc < v:
+            return None
+        kcs.append(kc)
+    smem = [(w + B * (kc + v)) * itemsize for w, kc in ((w_fwd, kcs[0]), (w_bwd, kcs[1]))]
+    return PersistPlan(blocks, units, maxp, kcs[0], kcs[1], smem[0], smem[1])
+
+
+def persist_cost(plan, B, H, D, itemsize=4):
+    """Estimated cycles per forward step of a persist split (see PERSIST_LDS_CYCLES)."""
+    v = 16 // itemsize
+    packs = -(-H // v)
+    rows = min(cat.PERSIST_THREADS // plan.units, B)
+    warps = -(-plan.units * rows // 32)
+    p = plan.rows_per_thread
+    product = max(warps * packs * (3 + p) * PERSIST_LDS_CYCLES,    # shared-memory loads
+                  warps * packs * 3 * v * p / 4,                    # FMA instructions
+                  PERSIST_FMA_LATENCY * H)                          # one accumulator's chain
+    stage = plan.blocks * D * B * H * itemsize / PERSIST_L2_BYTES_PER_CYCLE
+    return product + stage + (PERSIST_BARRIER_CYCLES if plan.blocks > 1 else 0)
+
+
+# ------------------------------------------------------------------------------------ tile
+@dataclass(frozen=True)
+class TilePlan:
+    """How the tile kernels (W_hh in registers) split the work: groups of `cluster` blocks
+    (1: a single block, scope "block"; more: a thread-block cluster, scope "cluster",
+    distributed shared memory and mbarriers; 0: scope "grid", `group_blocks` blocks that
+    exchange through global memory and meet at a counter) of `threads` threads, each group
+    one direction and `rows` batch rows (`groups` groups per direction), each block `units`
+    hidden units with `lanes` threads per `per_thread` units in the product, each thread
+    `packs` 16-byte packs of each gate's weights of each of its units; the kernels are built
+    for at most `max_rows` rows (and compute that many). Then the dynamic shared memory per
+    block of each kernel. At grid scope `slots` groups per direction run at once (set by
+    fast_plan from the GPU's occupancy; all resident, a cooperative launch), each slot's
+    blocks taking its groups in turn."""
+    cluster: int
+    groups: int
+    rows: int
+    units: int
+    lanes: int
+    packs: int
+    max_rows: int
+    threads: int
+    per_thread: int
+    smem_fwd: int
+    smem_bwd: int
+    group_blocks: int = 0
+    slots: int = 0
+    writes_h_n = True
+
+    @property
+    def scope(self):
+        return {0: "grid", 1: "block"}.get(self.cluster, "cluster")
+
+    @property
+    def per_group(self):
+        """blocks per group"""
+        return self.cluster or self.group_blocks
+
+    @property
+    def blocks(self):
+        """blocks per direction launched"""
+        return (self.groups if self.cluster else self.slots) * self.per_group
+
+    @property
+    def tile(self):
+        """the tile kernels' TILES entry"""
+        return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
+
+    def kernel(self, ctype, kind):
+        """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
+        forward pass without, "backward"), allowed its shared memory."""
+        if kind == "backward":
+            name, smem = cat.tile_backward(ctype, self.tile), self.smem_bwd
+        else:
+            name, smem = cat.tile_forward(ctype, self.tile, kind == "train"), self.smem_fwd
+        return dev.shared(dev.kernel("gru_tile.cu", name), smem)
+
+    def kernels(self, ctype):
+        """(train, infer, backward): all three kernels (see ``kernel``)"""
+        return tuple(self.kernel(ctype, k) for k in ("train", "infer", "backward"))
+
+    def group_args(self, D):
+        """the kernels' last arguments: the grid scope's counters (D x slots zeros; else a
+        null pointer), blocks per group and groups per direction"""
+        counters = None if self.cluster else dev.cupy().zeros(D * self.slots, np.uint32)
+        return {"counters": counters, "G": self.per_group, "groups": self.groups}
+
+    def forward_args(self, p):
+        """The forward kernels' arguments for the pass `p`."""
+        return {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
+                "y": p.y, "gates": p.y if p.gates is None else p.gates, "h_n": p.h_n,
+                "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "J": self.units, "KS": self.lanes,
+                "R": self.rows, **self.group_args(p.D)}
+
+    def backward_args(self, p, dh):
+        """The backward kernel's arguments for the pass `p`, writing dh0 into `dh`."""
+        return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh, "dh_n": p.dh_n,
+                "dgi": p.dgi, "dgh": p.dgh, "dh0": dh, "steps": p.T, "B": p.B, "H": p.H,
+                "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D)}
+
+    def forward(self, loop, p):
+        loop.launch(self.kernel(p.ctype, "train" if p.training else "infer"),
+                    (self.blocks, p.D), (self.threads,), self.forward_args(p),
+                    shared_mem=self.smem_fwd, cooperative=not self.cluster)
+
+    def backward(self, loop, p):
+        dh = dev.cupy().empty((p.D, p.B, p.H), p.dtype)
+        loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (self.threads,),
+                    self.backward_args(p, dh), shared_mem=self.smem_bwd,
+                    cooperative=not self.cluster)
+        return dh
+
+
+def tile_split(B, H, D, tile, rows, itemsize):
+    """The TilePlan of the tile kernels `tile` (a TILES entry) for `rows` rows per group, or
+    None where they cannot hold it. At grid scope `slots` is left 0 (fast_plan sets it)."""
+    cluster, packs, max_rows, threads, per_thread = tile
+    v = 16 // itemsize
+    if B * D * 4 * H >= 2 ** 31 or rows > max_rows:
+        return None       # (the kernels address a step's rows with 32-bit offsets)
+    lanes = 1             # the fewest lanes whose packs cover H
+    while lanes * packs * v < H:
+        lanes *= 2
+    if cluster == 0:
+        # as few blocks per group as hold H, each the most units its threads take
+        if H % v or lanes > cat.GRID_MAX_LANES or threads // lanes == 0:
+            return None   # (the vector moves in 16-byte packs)
+        blocks = -(-H // (threads // lanes * per_thread))
+        units = -(-H // blocks)                      # then whole units per thread
+        units = -(-units // per_thread) * per_thread
+        if (blocks - 1) * units >= H or units * rows > threads:
+            return None
+    else:
+        units = -(-H // cluster)
+        if cluster > 1:
+            units = -(-units // v) * v      # the exchange moves 16-byte packs of units
+        if (cluster - 1) * units >= H or units * rows > threads:
+            return None   # a block without units, or more pointwise steps than threads
+        if lanes > cat.TILE_MAX_LANES:
+            return None
+        blocks = cluster
+    if units % per_thread or units // per_thread * lanes > threads:
+        return None
+    hs = lanes * packs * v                  # a vector row in shared memory, zero past H
+    part = max_rows * 3 * units * lanes     # the lanes' sums
+    # vector buffers and the unused gap before the ring (gru_tile.cu, GruTile): two each,
+    # grid scope one and none
+    nv, ng = (2, 2) if cluster else (1, 0)
+    ahead = cat.TILE_AHEAD
+    return TilePlan(cluster, -(-B // rows), rows, units, lanes, packs, max_rows, threads,
+                    per_thread,
+                    16 + (nv * max_rows * hs + part + ng * rows * units
+                          + ahead * rows * 3 * units + 6 * units) * itemsize,
+                    16 + (3 * nv * max_rows * hs + part + 3 * ng * rows * units
+                          + ahead * rows * 6 * units) * itemsize,
+                    0 if cluster else blocks)
+
+
+def tile_rank(plan, D, groups_at_once):
+    """The order in which fast_plan prefers tile splits, from the measurements in
+    docs/performance.md (`python -m bench.gru --sweep`): fewest waves of groups (groups run
+    at once only as far as the GPU holds their blocks), then the fewest rows the kernel
+    computes per group (a step's time grows with them), then the scope: one block of 256
+    threads (no exchange), then a cluster, then one block of 512 threads (a cluster of two
+    was faster in both passes on S2 and S7: half the product per SM for an exchange through
+    st.async), then grid scope. Then most weights per thread (fewer lanes: fewer warps in
+    the product and fewer lane sums to add), then two units per thread before one or four (a
+    pack loaded from shared memory serves two units; the sweeps put 4 packs x 2 units ahead
+    of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), then fewer
+    threads, then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block
+    kernels beat the 2- and 8-block ones forward, by 6-9%, and, since the warps with
+    pointwise steps leave the product to the others, backward too: 0.71-0.76 against
+    0.79-0.82 µs a step); then the most rows per group (fewer groups busy)."""
+    waves = -(-(plan.groups * D) // max(1, groups_at_once))
+    scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
+    size = (abs(plan.cluster - 4), plan.cluster)
+    return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
+            abs(plan.per_thread - 2), plan.threads, size, -plan.rows)
+
+
+def resident(plan, D, at_once):
+    """`plan` ready to launch when the GPU runs `at_once` of its groups together (over all D
+    directions): at grid scope with its slots per direction, or None where not even one
+    group per direction fits (a cooperative launch would be refused); other scopes as given."""
+    if plan.cluster:
+        return plan
+    slots = min(plan.groups, at_once // D)
+    return dataclasses.replace(plan, slots=slots) if slots >= 1 else None
+
+
+@functools.lru_cache(maxsize=256)
+def groups_at_once(plan, dtype, device_id):
+    """How many groups of the plan's tile kernels the GPU runs at once (over all
+    directions): for clusters the driver's occupancy query, or SMs // cluster where it has
+    none; else the blocks resident at once // blocks per group."""
+    sms = dev.device().sms
+    least = None
+    for kern, smem in zip(plan.kernels(cat.CTYPE[np.dtype(dtype).itemsize]),
+                          (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd)):
+        if plan.cluster <= 1:
+            n = sms * dev.blocks_per_sm(kern, plan.threads, smem) // plan.per_group
+        else:
+            n = dev.clusters_at_once(kern, plan.cluster, plan.threads, smem)
+            if n is None:
+                n = sms // plan.cluster
+        least = n if least is None else min(least, n)
+    return least
+
+
+def _persist_resident_blocks(plan, dtype):
+    """Blocks of the persist kernels (the least of the three) that fit on one SM."""
+    return min(dev.blocks_per_sm(k, cat.PERSIST_THREADS, smem)
+               for k, smem in zip(plan.kernels(cat.CTYPE[np.dtype(dtype).itemsize]),
+                                  (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd)))
+
+
+# --------------------------------------------------------------------------------- planner
+def fast_plan(B, H, D, dtype, backward=False):
+    """The persistent split for batch B, hidden size H and D directions on the current GPU,
+    for the forward pass (or with `backward` the backward pass; both passes share every
+    buffer's layout, so they may take different splits): a TilePlan where the tile kernels
+    hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
+    the per-step path)."""
+    return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
+                      bool(backward))
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_plan(B, H, D, dtype, device_id, backward=False):
+    itemsize = np.dtype(dtype).itemsize
+    d = dev.device()
+    splits = [p for p in (tile_split(B, H, D, tile, r, itemsize)
+                          for tile in cat.TILES[itemsize] if cat.tile_runs_on(tile, d.cc)
+                          for r in range(1, tile[2] + 1))
+              if p is not None and max(p.smem_fwd, p.smem_bwd) <= d.smem_optin]
+    # forward: block and cluster scope first, grid scope where neither holds the shape;
+    # backward: all ranked together
+    for scoped in ([splits] if backward else
+                   ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
+        ranked = [(resident(p, D, n), n)
+                  for p, n in ((p, groups_at_once(p, dtype, device_id)) for p in scoped)]
+        ranked = [(p, n) for p, n in ranked if p is not None]
+        if ranked:
+            return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1]))[0]
+    plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
+                         for n in range(1, H + 1)) if p is not None}
+    for plan in sorted(plans, key=lambda p: (persist_cost(p, B, H, D, itemsize), p.blocks)):
+        if plan.blocks * D <= _persist_resident_blocks(plan, dtype) * d.sms:
+            return plan
+    return None
+
+
+def auto_takes(plan, B, H):
+    """Whether path="auto" runs `plan` (from fast_plan) rather than the per-step path."""
+    if plan is None:
+        return False
+    if isinstance(plan, PersistPlan):
+        return B * 3 * H * H <= PERSIST_AUTO_MAX_WORK
+    return plan.cluster > 0 or -(-plan.groups // plan.slots) <= GRID_AUTO_MAX_WAVES
+
+
+_CHOSEN: dict = {}
+
+
+def choose(path, B, H, D, dtype, backward=False):
+    """The plan a call runs (a checked `path`): STEPS, or a persistent plan."""
+    key = (path, B, H, D, dtype.char, dev.device().id, backward)
+    plan = _CHOSEN.get(key)
+    if plan is None:
+        plan = STEPS
+        if path != "steps":
+            fast = fast_plan(B, H, D, dtype, backward)
+            if fast is None and path == "fast":
+                raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
+                                 f"{np.dtype(dtype)} do not fit the fast path on this GPU "
+                                 "(docs/api.md lists its limits); use path='auto' or 'steps'")
+            if path == "fast" or auto_takes(fast, B, H):
+                plan = fast
+        _CHOSEN[key] = plan
+    return plan

@@ -1,0 +1,176 @@
+// gru_common.cuh: what every GRU kernel family shares (torch.nn.GRU's maths, gate order
+// r | z | n): the cell's maths forward and backward, the history's layout (reads and writes of
+// one unit), the time index of a direction's step, the 16-byte dot product, and the barriers
+// (a counter in global memory across blocks; a thread-block cluster's barrier).
+//
+// Forward, for direction d at step s (time t = s for d = 0, t = T - 1 - s for d = 1):
+//   r  = sigmoid((gi_r + b_ir) + (gh_r + b_hr))      gi = x_t W_ih^T, gh = h W_hh^T
+//   z  = sigmoid((gi_z + b_iz) + (gh_z + b_hz))
+//   hn = gh_n + b_hn
+//   n  = tanh((gi_n + b_in) + r * hn)
+//   h' = (1 - z) * n + z * h
+// Backward of one step (the gate-gradient step), with dh = dy_t + the carried gradient of h:
+//   dn = dh (1 - z)(1 - n^2),  dz = dh (h - n) z (1 - z),  dr = dn hn r (1 - r)
+//   d_gate_i = [dr, dz, dn],   d_gate_h = [dr, dz, dn r],  carry = dh z + d_gate_h W_hh
+//
+// Buffers, row-major, sizes T steps, B batch, H hidden, D directions (every family):
+//   gi    (T, B, D, 3H)  input projection of every time step, bias not added (one GEMM)
+//   hs    (D, S, B, H)   hidden states by step: slot s % S holds h before step s;
+//                        S = T + 1 when training (all kept for backward), else S = 2
+//   gates (D, T, B, 4H)  per step r | z | n | hn (training only): the saved history
+//   y     (T, B, D*H)    outputs; direction d fills columns [d*H, (d+1)*H)
+//   dgi   (T, B, D, 3H)  d_gate_i by time (the rows of x)
+//   dgh   (D, T, B, 3H)  d_gate_h by step (the rows of hs)
+// Offsets are long long where they may pass 2^31 (T*B*D*3H).
+// The families: gru_steps.cu (one launch per step), gru_persist.cu (W_hh in shared memory,
+// a cooperative grid), gru_tile.cu (W_hh in registers: block, cluster and grid scope),
+// gru_tail.cu (the weight gradients' chunk sums), gru_probes.cu (barriers alone, timed by
+// the benchmark). Constants shared with Python (GRU_*) are rendered from cugru/_catalog.py.
+#include "common.cuh"
+
+template <typename T> __device__ __forceinline__ T gru_sigmoid(T v) {
+    return T(1) / (T(1) + ck_exp(-v));
+}
+
+// the step's time index in direction d
+__device__ __forceinline__ int gru_time(int d, int steps, int s) {
+    return d == 0 ? s : steps - 1 - s;
+}
+
+// One cell forward: x* = W_i x + b_i and h* = W_h h + b_h per gate (h_n is the candidate
+// term hn); returns h' and the gates.
+template <typename T>
+__device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T h, T& r, T& z,
+                                      T& n) {
+    r = gru_sigmoid(x_r + h_r);
+    z = gru_sigmoid(x_z + h_z);
+    n = ck_tanh(x_n + r * hn);
+    return (T(1) - z) * n + z * h;
+}
+
+// One cell backward from dh = dy + carry: the gate gradients, and the direct part dh*z of
+// the gradient carried to the previous step.
+template <typename T>
+__device__ __forceinline__ T gru_cell_backward(T dh, T r, T z, T n, T hn, T h, T& dr, T& dz,
+                                               T& dn) {
+    dn = dh * (T(1) - z) * (T(1) - n * n);
+    dz = dh * (h - n) * z * (T(1) - z);
+    dr = dn * hn * r * (T(1) - r);
+    return dh * z;
+}
+
+// the forward outputs of unit j, row b, direction d at step s (time t): h into its hs slot,
+// y, and with TRAIN the history
+template <typename T, bool TRAIN>
+__device__ __forceinline__ void gru_write_forward(T* hs, T* y, T* gates, T h_new, T r, T z, T n,
+                                                  T hn, int d, int D, int s, int t, int b, int j,
+                                                  int steps, int B, int H, int S) {
+    hs[((long long)d * S + (s + 1) % S) * B * H + (long long)b * H + j] = h_new;
+    y[((long long)t * B + b) * D * H + (long long)d * H + j] = h_new;
+    if (TRAIN) {
+        T* g = gates + (((long long)d * steps + s) * B + b) * 4 * H;
+        g[j] = r;
+        g[H + j] = z;
+        g[2 * H + j] = n;
+        g[3 * H + j] = hn;
+    }
+}
+
+// the history of unit j, row b, direction d at step s: gates r, z, n, hn and the state h
+template <typename T>
+__device__ __forceinline__ void gru_read_history(const T* gates, const T* hs, int d, int s,
+                                                 int b, int j, int steps, int B, int H, T& r,
+                                                 T& z, T& n, T& hn, T& h) {
+    const T* g = gates + (((long long)d * steps + s) * B + b) * 4 * H;
+    r = g[j];
+    z = g[H + j];
+    n = g[2 * H + j];
+    hn = g[3 * H + j];
+    h = hs[(((long long)d * (steps + 1) + s) * B + b) * H + j];
+}
+
+// the gate gradients of unit j, row b: dgi by time t, dgh by step s
+template <typename T>
+__device__ __forceinline__ void gru_write_backward(T* dgi, T* dgh, T dr, T dz, T dn, T r, int d,
+                                                   int D, int s, int t, int b, int j, int steps,
+                                                   int B, int H) {
+    const long long H3 = 3LL * H;
+    T* gi_row = dgi + ((long long)t * B + b) * D * H3 + d * H3;
+    gi_row[j] = dr;
+    gi_row[H + j] = dz;
+    gi_row[2 * H + j] = dn;
+    T* gh_row = dgh + (((long long)d * steps + s) * B + b) * H3;
+    gh_row[j] = dr;
+    gh_row[H + j] = dz;
+    gh_row[2 * H + j] = dn * r;
+}
+
+// A barrier across `count` blocks through a counter in global memory, in two halves. After a
+// __syncthreads that follows the block's writes, thread 0 arrives (release, GPU scope) and
+// raises its running goal `target` by count; a wait (thread 0 spins, acquire, then
+// __syncthreads) returns once every block has arrived as often as this one.
+__device__ __forceinline__ void gru_group_arrive(unsigned int* counter, unsigned int count,
+                                                 unsigned int& target) {
+    if (threadIdx.x == 0) {
+        target += count;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+}
+__device__ __forceinline__ void gru_group_wait(const unsigned int* counter,
+                                               unsigned int target) {
+    if (threadIdx.x == 0) {
+        unsigned int seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                         : "=r"(seen) : "l"(counter) : "memory");
+        } while (seen < target);
+    }
+    __syncthreads();
+}
+
+// All `count` blocks of one direction wait here; `target` is thread 0's running goal.
+__device__ __forceinline__ void gru_group_barrier(unsigned int* counter, unsigned int count,
+                                                  unsigned int& target) {
+    __syncthreads();
+    if (count > 1) {
+        gru_group_arrive(counter, count, target);
+        gru_group_wait(counter, target);
+    }
+}
+
+__device__ __forceinline__ int gru_round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// acc += sum over the pack of w[u] * v[u], in order
+template <typename T>
+__device__ __forceinline__ void gru_dot16(T& acc, const T (&w)[Pack16<T>::N],
+                                          const T (&v)[Pack16<T>::N]) {
+#pragma unroll
+    for (int u = 0; u < Pack16<T>::N; ++u) acc += w[u] * v[u];
+}
+
+// ---- thread-block clusters (sm_90 on): the cluster's shape, a block's rank, its barrier
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define GRU_CLUSTER_DIMS(c) __cluster_dims__(c, 1, 1)
+#else
+#define GRU_CLUSTER_DIMS(c)
+#endif
+
+template <int C> __device__ __forceinline__ int gru_cluster_rank() {
+    unsigned int r = 0;
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return (int)r;
+}
+
+// every thread of the cluster (C > 1, release/acquire) or of the block waits here
+template <int C> __device__ __forceinline__ void gru_cluster_barrier() {
+#if __CUDA_ARCH__ >= 900
+    if (C > 1) {
+        asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                     "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        return;
+    }
+#endif
+    __syncthreads();
+}

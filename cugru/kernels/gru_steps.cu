@@ -1,0 +1,51 @@
+// gru_steps.cu: the per-step path (the patent's structure): one launch of a pointwise kernel
+// per step and pass; the recurrent products between them are cuBLAS GEMMs (cugru/_plan.py,
+// StepsPlan). Maths and buffers: gru_common.cuh. Besides them:
+//   gh    (D, B, 3H)     recurrent product of the current step, bias not added (one GEMM)
+//   dh    (D, B, H)      carried gradient of h: read, then overwritten with dh * z
+// Grid (ceil(B*H / blockDim.x), D): one thread per (b, j) of one direction; both directions
+// run in the same launch.
+#include "gru_common.cuh"
+
+template <typename T, bool TRAIN>
+__global__ void gru_forward_step(const T* __restrict__ gi, const T* __restrict__ gh,
+                                 const T* __restrict__ b_ih, const T* __restrict__ b_hh,
+                                 T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
+                                 int steps, int B, int H, int S, int s) {
+    const int D = gridDim.y, d = blockIdx.y;
+    const long long BH = (long long)B * H, H3 = 3LL * H;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= BH) return;
+    const int b = (int)(i / H), j = (int)(i - (long long)b * H);
+    const int t = gru_time(d, steps, s);
+    const T* gi_row = gi + ((long long)t * B + b) * D * H3 + d * H3;
+    const T* gh_row = gh + ((long long)d * B + b) * H3;
+    const T* bi = b_ih + d * H3;
+    const T* bh = b_hh + d * H3;
+    const T h = hs[((long long)d * S + s % S) * BH + i];
+    const T hn = gh_row[2 * H + j] + bh[2 * H + j];
+    T r, z, n;
+    const T h_new = gru_cell(gi_row[j] + bi[j], gi_row[H + j] + bi[H + j],
+                             gi_row[2 * H + j] + bi[2 * H + j], gh_row[j] + bh[j],
+                             gh_row[H + j] + bh[H + j], hn, h, r, z, n);
+    gru_write_forward<T, TRAIN>(hs, y, gates, h_new, r, z, n, hn, d, D, s, t, b, j, steps, B,
+                                H, S);
+}
+
+template <typename T>
+__global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict__ gates,
+                                  const T* __restrict__ hs, T* dh, T* __restrict__ dgi,
+                                  T* __restrict__ dgh, int steps, int B, int H, int s) {
+    const int D = gridDim.y, d = blockIdx.y;
+    const long long BH = (long long)B * H;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= BH) return;
+    const int b = (int)(i / H), j = (int)(i - (long long)b * H);
+    const int t = gru_time(d, steps, s);
+    T r, z, n, hn, h, dr, dz, dn;
+    gru_read_history(gates, hs, d, s, b, j, steps, B, H, r, z, n, hn, h);
+    const T dhv = dy[((long long)t * B + b) * D * H + (long long)d * H + j] + dh[d * BH + i];
+    const T dhz = gru_cell_backward(dhv, r, z, n, hn, h, dr, dz, dn);
+    gru_write_backward(dgi, dgh, dr, dz, dn, r, d, D, s, t, b, j, steps, B, H);
+    dh[d * BH + i] = dhz;
+}

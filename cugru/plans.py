@@ -1,0 +1,74 @@
+"""The GRU's GPU plans, for tools, benchmarks and tests: which plan a shape runs, its
+kernels and geometry, and its passes run one by one.
+
+    from cugru import plans
+    plan = plans.choose("auto", B, H, D, np.dtype(np.float32))      # what a call runs
+    y, h_n, saved = plans.forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, training=True)
+    p, dh0 = plans.backward_recurrence(dy, None, saved, plans.fast_plan(B, H, D, dtype, True))
+    dx, dw_ih, dw_hh, db_ih, db_hh = plans.backward_tail(p)
+
+Everything here is what cugru.gru_forward and gru_backward run; the plan classes and the
+planner live in cugru/_plan.py, the kernel catalogue in cugru/_catalog.py, the passes in
+cugru/_passes.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _device, _passes
+from ._args import backward_args, forward_args
+from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
+                       TILES, tile_runs_on)
+from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, STEPS,  # noqa: F401
+                    PersistPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan,
+                    groups_at_once, persist_cost, persist_split, resident, tile_rank,
+                    tile_split)
+
+
+def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True):
+    """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None)."""
+    return _passes.forward(forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional,
+                                        training), plan)
+
+
+def backward_recurrence(dy, dh_n, saved, plan):
+    """The backward pass's recurrence alone on `plan`: (the pass, with its gate gradients
+    dgi and dgh filled, for backward_tail; dh0)."""
+    backward_args(dy, dh_n, saved)
+    p = _passes.BackwardPass(dy, dh_n, saved)
+    return p, _passes.run_recurrence(p, plan)
+
+
+def backward_tail(p):
+    """The backward pass's tail: (dx, dw_ih, dw_hh, db_ih, db_hh) with the direction axis."""
+    return _passes.tail(p)
+
+
+def backward(dy, dh_n, saved, plan):
+    """gru_backward on cupy arrays with the recurrence on `plan`."""
+    backward_args(dy, dh_n, saved)
+    return _passes.backward(dy, dh_n, saved, plan)
+
+
+def step_pieces(T, B, I, H, D, dtype=np.float32, seed=1):
+    """The calls of one step of the per-step path on random buffers of a shape, each
+    callable alone (a benchmark times them): {name: call}."""
+    cp = _device.cupy()
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    r = lambda *s: cp.asarray(rng.uniform(-0.5, 0.5, s).astype(dt))  # noqa: E731
+    a = forward_args(r(T, B, I), None, r(D, 3 * H, I), r(D, 3 * H, H), r(D, 3 * H),
+                     r(D, 3 * H), D == 2, True)
+    fwd = _passes.ForwardPass(a)
+    fwd.hs[...] = r(D, T + 1, B, H)
+    fwd.gi[...] = r(T, B, D, 3 * H)
+    fwd.gates[...] = cp.asarray(rng.uniform(0.1, 0.9, (D, T, B, 4 * H)).astype(dt))
+    saved = _passes.GruSaved(a.x, a.w_ih, a.w_hh, fwd.hs, fwd.gates, False)
+    bwd = _passes.BackwardPass(r(T, B, D * H), None, saved)
+    loop = _device.Loop(dt)
+    f_product, f_pointwise = STEPS.forward_step(loop, fwd)
+    b_pointwise, b_product, _ = STEPS.backward_step(loop, bwd)
+    return {"recurrent GEMM (forward)": lambda: f_product(1),
+            "pointwise (forward)": lambda: f_pointwise(1),
+            "pointwise (backward, gate gradients)": lambda: b_pointwise(1),
+            "recurrent GEMM (backward)": lambda: b_product(1)}

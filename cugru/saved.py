@@ -1,0 +1,37 @@
+"""What the forward pass keeps for the backward pass: ``GruSaved``, and the history's layout.
+
+The history is the contract between the passes (and between the two GPU paths: a forward
+on one path may be followed by a backward on another). Shapes, D = 2 when bidirectional:
+
+    hs    (D, T + 1, B, H)  hidden states in each direction's step order: hs[d, s] is the
+                            state before step s (hs[d, 0] = h0[d]); direction 0 steps
+                            through time t = s, direction 1 through t = T - 1 - s
+    gates (D, T, B, 4H)     per step r | z | n | hn, with hn = W_hn h + b_hn (the recurrent
+                            candidate term): everything backward needs, so no gate and no
+                            product of the forward pass is recomputed
+    x, w_ih, w_hh           the inputs of the backward pass's products (views, no copies)
+
+Size: (5T + 1)·D·B·H elements. Step order, not time order, makes every step's recurrent
+product one strided-batched GEMM over both directions with a fixed stride.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class GruSaved:
+    """What gru_forward(..., training=True) keeps for gru_backward (see the module's doc)."""
+    x: object              # (T, B, I)
+    w_ih: object           # (D, 3H, I)
+    w_hh: object           # (D, 3H, H)
+    hs: object             # (D, T + 1, B, H)
+    gates: object          # (D, T, B, 4H)
+    squeeze: bool          # the weights came as (3H, ...) arrays: return gradients that way
+
+    @property
+    def dims(self):
+        """(T, B, I, H, D)"""
+        T, B, I = self.x.shape
+        D, H3, H = self.w_hh.shape
+        return T, B, I, H, D

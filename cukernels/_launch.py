@@ -1,0 +1,118 @@
+"""cukernels' launch layer: its sources' registration, grid sizes, the elementwise and update
+launches, and the cuBLAS GEMM of the dense layer. The tuning constants of the shared
+elementwise drivers live here (rendered into the sources as #defines); each op module keeps
+its own."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from . import runtime
+
+KERNEL_DIR = pathlib.Path(__file__).with_name("kernels")
+#: element types every source is built for (one module per type)
+CTYPES = ("float", "double")
+BOOLS = ("false", "true")
+
+#: 16-byte packs per thread per iteration of the elementwise and update drivers (CK_UNROLL)
+UNROLL = 2
+#: 1: streaming (evict-first) loads and stores in those drivers (CK_STREAM)
+STREAM = 0
+#: launch shape of the elementwise and update kernels: threads per block, and 16-byte packs
+#: per thread (one pack per thread, uncapped grid, was fastest)
+EW_THREADS = 256
+EW_PACKS_PER_THREAD = 1
+#: cap of the grid-stride grids of the flat dense kernels, in blocks of 256 threads per SM
+GRID_BLOCKS_PER_SM = 32
+
+
+def ctype(dtype) -> str:
+    return "float" if np.dtype(dtype) == np.float32 else "double"
+
+
+runtime.register_header(KERNEL_DIR / "common.cuh",
+                        lambda: {"CK_UNROLL": UNROLL, "CK_STREAM": STREAM})
+
+
+def register(name, instances, defines=dict):
+    """Register kernels/<name>: `instances(ctype)` lists its instances of that element type,
+    `defines()` its own constants."""
+    return runtime.register(runtime.Source(
+        name, KERNEL_DIR, lambda: {c: tuple(instances(c)) for c in CTYPES}, defines=defines))
+
+
+def aligned16(*arrays) -> bool:
+    for a in arrays:
+        if a.data.ptr & 15:
+            return False
+    return True
+
+
+def sm_count() -> int:
+    return runtime.device().sms
+
+
+def grid_for(work: int, threads: int = 256, capped: bool = True) -> int:
+    """Blocks for a grid-stride loop over `work` items: one item per thread, at most
+    GRID_BLOCKS_PER_SM blocks per SM when capped (then threads loop)."""
+    blocks = -(-work // threads)
+    cap = sm_count() * GRID_BLOCKS_PER_SM if capped else 2**31 - 1
+    return max(1, min(blocks, cap))
+
+
+def _ew_grid(work):
+    return max(1, min(-(-work // (EW_PACKS_PER_THREAD * EW_THREADS)), 2**31 - 1))
+
+
+def launch_elementwise(source, name, inputs, out, a=0.0, b=0.0, code=0):
+    """Launch an (in0, in1, in2, out, n, a, b, code, vec) kernel of activations/losses.cu;
+    unused inputs are passed as in0 (never read)."""
+    in0 = inputs[0]
+    in1 = inputs[1] if len(inputs) > 1 else in0
+    in2 = inputs[2] if len(inputs) > 2 else in0
+    vec = aligned16(*inputs, out)
+    n = out.size
+    runtime.kernel(source, name).launch(
+        (_ew_grid(n // (16 // out.itemsize) if vec else n),), (EW_THREADS,),
+        {"in0": in0, "in1": in1, "in2": in2, "out": out, "n": n, "a": a, "b": b,
+         "code": code, "vec": vec})
+    return out
+
+
+def launch_update(name, variant, D, w, s1, s2, scalars):
+    """Launch one of optim.cu's update kernels (in place on D, w and the moments); unused
+    moment arrays are passed as w (never touched). `scalars`: batch, lr, beta1, beta2, l1,
+    l2, eps, c1, c2 (missing ones 0)."""
+    states = [s for s in (s1, s2) if s is not None]
+    vec = aligned16(D, w, *states)
+    n = w.size
+    args = {"D": D, "w": w, "s1": w if s1 is None else s1, "s2": w if s2 is None else s2,
+            "n": n, "vec": vec, "batch": 0.0, "lr": 0.0, "beta1": 0.0, "beta2": 0.0,
+            "l1": 0.0, "l2": 0.0, "eps": 0.0, "c1": 0.0, "c2": 0.0}
+    args.update(scalars)
+    runtime.kernel("optim.cu", f"{name}<{ctype(w.dtype)},{BOOLS[variant == 'book']}>").launch(
+        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,), args)
+
+
+def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+    """Column-major C = alpha*op(A) @ op(B) + beta*C through cuBLAS, on raw leading dims.
+
+    CuPy's default math mode is kept: FP32 strict, no TF32 unless the user sets CUPY_TF32.
+    """
+    cp = runtime.cupy_module()
+    from cupy_backends.cuda.libs import cublas
+
+    func = cublas.sgemm if C.dtype == np.float32 else cublas.dgemm
+    al = np.array(alpha, dtype=C.dtype)
+    be = np.array(beta, dtype=C.dtype)
+    handle = cp.cuda.device.get_cublas_handle()
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        func(handle, cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N,
+             cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N, int(m), int(n), int(k),
+             al.ctypes.data, A.data.ptr, int(lda), B.data.ptr, int(ldb), be.ctypes.data,
+             C.data.ptr, int(ldc))
+    finally:
+        cublas.setPointerMode(handle, mode)

@@ -1,0 +1,157 @@
+"""Argument checks shared by cukernels and cugru, for numpy and cupy arrays alike.
+
+Each check raises a TypeError or ValueError whose message names the argument and says what
+was expected. They run once per public call, on both backends, and are written to cost
+microseconds: a call on tiny arrays is bound by its host time.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import runtime
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_F32, _F64 = FLOAT_DTYPES
+_NDARRAY = np.ndarray
+
+
+def backend(**arrays):
+    """numpy or cupy, from the arrays given (None entries are skipped); mixed is a TypeError."""
+    cp = runtime.cupy_module()
+    cp_nd = cp.ndarray if cp is not None else ()
+    on_cpu = on_gpu = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if isinstance(a, _NDARRAY):
+            on_cpu = on_cpu or name
+        elif isinstance(a, cp_nd):
+            on_gpu = on_gpu or name
+        else:
+            raise TypeError(f"{name} must be a numpy or cupy array, got {type(a).__name__}")
+    if on_cpu and on_gpu:
+        raise TypeError(f"numpy and cupy arrays are mixed: {on_cpu} is a numpy array, "
+                        f"{on_gpu} is a cupy array; move them to one device")
+    if on_gpu:
+        return cp
+    if on_cpu:
+        return np
+    raise TypeError("no array arguments were given")
+
+
+def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
+    """Validate one array argument; returns its dtype. Errors name the argument."""
+    dt = a.dtype
+    if dt is not _F32 and dt is not _F64 and dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    if dtype is not None and dt != dtype:
+        raise TypeError(f"{name} has dtype {dt}, expected {np.dtype(dtype)} "
+                        f"(the dtype of {dtype_of})")
+    if ndim is None:
+        if a.ndim < 1:
+            raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
+    elif a.ndim not in ndim:
+        want = " or ".join(str(d) for d in ndim)
+        raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(a.shape)}")
+    if shape is not None and a.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {tuple(shape)}"
+                         + (f" (to match {shape_of})" if shape_of else ""))
+    if a.size == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(a.shape)}); sizes must be > 0")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous; pass xp.ascontiguousarray({name})")
+    return dt
+
+
+def check_same(ref_name, ref, **others):
+    """Each of `others` must have the dtype and shape of `ref` (a checked array; None
+    entries are skipped)."""
+    dt, shape = ref.dtype, ref.shape
+    for name, a in others.items():
+        if a is None or (a.dtype == dt and a.shape == shape and a.flags.c_contiguous):
+            continue      # (the common case, cheaply: ref's checks hold for a too)
+        check_array(name, a, ndim=None, dtype=dt, dtype_of=ref_name, shape=shape,
+                    shape_of=ref_name)
+
+
+def check_out(out, ref_name, ref):
+    """An optional output buffer: same backend, dtype and shape as `ref`; may alias inputs."""
+    if out is None:
+        return None
+    backend(**{ref_name: ref, "out": out})
+    check_array("out", out, ndim=None, dtype=ref.dtype, dtype_of=ref_name,
+                shape=ref.shape, shape_of=ref_name)
+    return out
+
+
+_PLAIN_REALS = (float, int, np.float32, np.float64)
+
+
+def real(name, x, dtype, *, min_value=None, max_value=None, below_max=False):
+    """A real scalar, checked and returned as a scalar of `dtype` (a bare Python float would
+    reach a kernel as a double): finite in that dtype, and within [min_value, max_value]
+    (or [min_value, max_value) with `below_max`) where given."""
+    if type(x) not in _PLAIN_REALS and (isinstance(x, (bool, np.bool_))
+                                        or not isinstance(x, numbers.Real)):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    if dtype is None:
+        v = float(x)
+    else:
+        v = (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)).type(x)
+    if not math.isfinite(v):
+        where = "" if not math.isfinite(float(x)) else f" in {np.dtype(dtype)}"
+        raise ValueError(f"{name} must be finite{where}, got {x}")
+    if min_value is not None and x < min_value:
+        raise ValueError(f"{name} must be >= {min_value}, got {x}")
+    if max_value is not None and (x >= max_value if below_max else x > max_value):
+        raise ValueError(f"{name} must be {'<' if below_max else '<='} {max_value}, got {x}")
+    return v
+
+
+def integer(name, x, *, min_value=None, max_value=None):
+    """An integer (not a bool), within [min_value, max_value] where given; returned as int."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__}")
+    if min_value is not None and x < min_value:
+        raise ValueError(f"{name} must be >= {min_value}, got {x}")
+    if max_value is not None and x > max_value:
+        raise ValueError(f"{name} must be <= {max_value}, got {x}")
+    return int(x)
+
+
+def flag(name, v):
+    """True or False (numpy's bool too); anything else is a TypeError."""
+    if v is True or v is False or isinstance(v, np.bool_):
+        return bool(v)
+    raise TypeError(f"{name} must be True or False, got {v!r}")
+
+
+def choice(name, v, allowed):
+    """One of `allowed` (a tuple of strings)."""
+    if v not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
+    return v
+
+
+def variant_of(variant):
+    if variant not in ("standard", "book"):
+        raise ValueError(f"variant must be 'standard' or 'book', got {variant!r}")
+    return variant
+
+
+def _start(a):
+    return a.__array_interface__["data"][0] if isinstance(a, _NDARRAY) else a.data.ptr
+
+
+def check_distinct(**arrays):
+    """Arrays that a kernel updates in place must not overlap each other or its inputs."""
+    spans = sorted((_start(v), i, k, _start(v) + v.nbytes)
+                   for i, (k, v) in enumerate(arrays.items()) if v is not None)
+    for (a0, i, name_a, a1), (b0, j, name_b, b1) in zip(spans, spans[1:]):
+        if b0 < a1:          # (sorted by start: any overlap shows between neighbours)
+            first, second = (name_a, name_b) if i < j else (name_b, name_a)
+            raise ValueError(f"{first} and {second} share memory; they must be separate "
+                             "arrays")
