@@ -81,14 +81,22 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training) -> Forw
     if w_hh.shape[-2] != 3 * H:
         raise ValueError(f"w_hh has shape {tuple(w_hh.shape)}: its rows must be 3H = {3 * H} "
                          f"(gates r | z | n) for H = {H}, the last dimension")
-    w_hh3, squeeze = _weight("w_hh", w_hh, D, 3 * H, H, "H")
-    w_ih3, _ = _weight("w_ih", w_ih, D, 3 * H, I, "I (from x)")
-    b_ih2, _ = _weight("b_ih", b_ih, D, 3 * H, None, None)
-    b_hh2, _ = _weight("b_hh", b_hh, D, 3 * H, None, None)
-    if h0 is not None:
+    G = 3 * H
+    contiguous = checks.contiguous
+    if (w_hh.shape == (D, G, H) and w_ih.shape == (D, G, I) and b_ih.shape == (D, G)
+            and b_hh.shape == (D, G) and contiguous(w_hh) and contiguous(w_ih)
+            and contiguous(b_ih) and contiguous(b_hh)):
+        w_hh3, w_ih3, b_ih2, b_hh2, squeeze = w_hh, w_ih, b_ih, b_hh, False   # (all good)
+    else:
+        w_hh3, squeeze = _weight("w_hh", w_hh, D, G, H, "H")
+        w_ih3, _ = _weight("w_ih", w_ih, D, G, I, "I (from x)")
+        b_ih2, _ = _weight("b_ih", b_ih, D, G, None, None)
+        b_hh2, _ = _weight("b_hh", b_hh, D, G, None, None)
+    if h0 is not None and not (h0.dtype == dtype and h0.shape == (D, B, H)
+                               and contiguous(h0)):
         checks.check_array("h0", h0, ndim=(3,), dtype=dtype, dtype_of="x", shape=(D, B, H),
                            shape_of="(D, B, H) from bidirectional, x and w_hh")
-    if max(T * B, 3 * H * D, I) > _INT_MAX:
+    if max(T * B, G * D, I) > _INT_MAX:
         raise ValueError("x or the weights have a dimension above 2**31 - 1 (T*B, D*3H or I)")
     return ForwardArgs(xp, x, h0, w_ih3, w_hh3, b_ih2, b_hh2, (T, B, I, H, D), training, squeeze)
 

@@ -15,6 +15,7 @@ definition, in Python.
 """
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from cukernels import runtime
@@ -74,22 +75,27 @@ def _defines(source):
 
 
 # --------------------------------------------------------------------------- instance names
+@functools.lru_cache(maxsize=None)
 def step_forward(ctype, train):
     return f"gru_forward_step<{ctype},{_BOOL[bool(train)]}>"
 
 
+@functools.lru_cache(maxsize=None)
 def step_backward(ctype):
     return f"gru_backward_step<{ctype}>"
 
 
+@functools.lru_cache(maxsize=None)
 def persist_forward(ctype, rows, train):
     return f"gru_persist_forward<{ctype},{rows},{_BOOL[bool(train)]}>"
 
 
+@functools.lru_cache(maxsize=None)
 def persist_backward(ctype, rows):
     return f"gru_persist_backward<{ctype},{rows}>"
 
 
+@functools.lru_cache(maxsize=None)
 def tile_forward(ctype, tile, train):
     """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own."""
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
@@ -99,6 +105,7 @@ def tile_forward(ctype, tile, train):
     return f"gru_tile_forward<{ctype},{cluster},{rest},{flag}>"
 
 
+@functools.lru_cache(maxsize=None)
 def tile_backward(ctype, tile):
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
     if cluster == 0:
@@ -106,6 +113,7 @@ def tile_backward(ctype, tile):
     return f"gru_tile_backward<{ctype},{cluster},{rest}>"
 
 
+@functools.lru_cache(maxsize=None)
 def sum_chunks(ctype):
     return f"gru_sum_chunks<{ctype}>"
 

@@ -9,6 +9,7 @@ with the least host work per call.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -35,6 +36,39 @@ def device():
 def kernel(family: str, name: str):
     """The compiled kernel `name` of a family (a cugru/kernels source), compiled on first use."""
     return runtime.kernel(family, name)
+
+
+#: a pass's temporaries (the buffers it neither returns nor saves) of at most this many
+#: bytes are kept between calls and reused, one set per shape, device, stream and thread:
+#: a call on a small shape then allocates only what it returns. 0 turns the reuse off (the
+#: GPU tests do, so that each call's buffers start as the NaN they poison them with).
+SCRATCH_BYTES = 1 << 22
+#: at most this many temporaries are kept (the least recently used go first)
+SCRATCH_ENTRIES = 64
+_SCRATCH: dict = {}
+
+
+def scratch(name, shape, dtype):
+    """A temporary array of a pass (`name` tells the pass's temporaries apart): reused from
+    an earlier call on this device, stream and thread where small enough (SCRATCH_BYTES), so
+    that its contents are whatever that call left. The stream orders the calls that share
+    one; other streams and threads get their own."""
+    cp = runtime.cupy_module()
+    dt = np.dtype(dtype)
+    n = dt.itemsize
+    for d in shape:
+        n *= d
+    if n > SCRATCH_BYTES:
+        return cp.empty(shape, dt)
+    key = (name, shape, dt.char, cp.cuda.runtime.getDevice(),
+           cp.cuda.get_current_stream().ptr, threading.get_ident())
+    a = _SCRATCH.pop(key, None)
+    if a is None:
+        a = cp.empty(shape, dt)
+        while len(_SCRATCH) >= SCRATCH_ENTRIES:
+            _SCRATCH.pop(next(iter(_SCRATCH)))
+    _SCRATCH[key] = a           # (most recently used last)
+    return a
 
 
 def shared(kern, nbytes: int):

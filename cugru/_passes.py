@@ -50,8 +50,10 @@ class ForwardPass:
         self.training = a.training
         self.x, self.w_ih, self.w_hh, self.b_ih, self.b_hh = a.x, a.w_ih, a.w_hh, a.b_ih, a.b_hh
         self.S = S = T + 1 if a.training else 2
-        self.gi = cp.empty((T, B, D, 3 * H), dt)
-        self.hs = cp.empty((D, S, B, H), dt)
+        self.gi = dev.scratch("gi", (T, B, D, 3 * H), dt)
+        # (training: hs and gates are the saved history; else hs is a temporary)
+        self.hs = (cp.empty((D, S, B, H), dt) if a.training
+                   else dev.scratch("hs", (D, S, B, H), dt))
         self.y = cp.empty((T, B, D * H), dt)
         self.h_n = cp.empty((D, B, H), dt)
         self.gates = cp.empty((D, T, B, 4 * H), dt) if a.training else None
@@ -63,15 +65,14 @@ class BackwardPass:
                  "hs", "gates", "dgi", "dgh")
 
     def __init__(self, dy, dh_n, saved):
-        cp = dev.cupy()
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
         self.dtype = dt = dy.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
         self.dy, self.dh_n = dy, dh_n
         self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
         self.hs, self.gates = saved.hs, saved.gates
-        self.dgi = cp.empty((T, B, D, 3 * H), dt)
-        self.dgh = cp.empty((D, T, B, 3 * H), dt)
+        self.dgi = dev.scratch("dgi", (T, B, D, 3 * H), dt)
+        self.dgh = dev.scratch("dgh", (D, T, B, 3 * H), dt)
 
 
 def forward(a, plan):
@@ -107,8 +108,9 @@ def run_forward(p, h0, plan):
 def backward(dy, dh_n, saved, plan):
     """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
     p = BackwardPass(dy, dh_n, saved)
-    dh = run_recurrence(p, plan)
-    dx, dw_ih, dw_hh, db_ih, db_hh = tail(p)
+    with dev.Loop(p.dtype) as loop:
+        dh = plan.backward(loop, p)
+        dx, dw_ih, dw_hh, db_ih, db_hh = tail(p, loop)
     return (dx, dh) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
 
 
@@ -118,17 +120,20 @@ def run_recurrence(p, plan):
         return plan.backward(loop, p)
 
 
-def tail(p):
-    """dx and the weight and bias gradients, from the gate gradients."""
+def tail(p, loop=None):
+    """dx and the weight and bias gradients, from the gate gradients (in `loop`, or a Loop
+    of its own)."""
+    if loop is None:
+        with dev.Loop(p.dtype) as loop:
+            return tail(p, loop)
     cp = dev.cupy()
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB = 3 * H, T * B
     dx = cp.empty((T, B, I), p.dtype)
-    with dev.Loop(p.dtype) as loop:
-        # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
-        loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
-                  0.0, dx.data.ptr, I, 0)
-        grads = weight_grads(loop, p)
+    # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
+    loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
+              0.0, dx.data.ptr, I, 0)
+    grads = weight_grads(loop, p)
     return (dx,) + dev.views(grads, (D, G, I), (D, G, H), (D, G), (D, G))
 
 
@@ -167,7 +172,7 @@ def weight_grads(loop, p):
         nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
         # (first chunk, rows per chunk, chunks): the full chunks, then a shorter last one
         runs = [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
-        part = grads if len(chunks) == 1 else cp.empty((len(chunks), total), dt)
+        part = grads if len(chunks) == 1 else dev.scratch("part", (len(chunks), total), dt)
     else:
         runs = [(k, n, 1) for k, (r0, n) in enumerate(chunks)]
         part = grads

@@ -68,7 +68,7 @@ class StepsPlan:
         cp = dev.cupy()
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
-        gh = cp.empty((D, B, G), p.dtype)
+        gh = dev.scratch("gh", (D, B, G), p.dtype)
         kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,

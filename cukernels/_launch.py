@@ -43,10 +43,11 @@ def register(name, instances, defines=dict):
 
 
 def aligned16(*arrays) -> bool:
+    """Every array starts on a 16-byte boundary (the kernels then move 16-byte packs)."""
+    bits = 0
     for a in arrays:
-        if a.data.ptr & 15:
-            return False
-    return True
+        bits |= a.data.ptr
+    return not bits & 15
 
 
 def sm_count() -> int:
@@ -82,17 +83,16 @@ def launch_elementwise(source, name, inputs, out, a=0.0, b=0.0, code=0):
 
 def launch_update(name, variant, D, w, s1, s2, scalars):
     """Launch one of optim.cu's update kernels (in place on D, w and the moments); unused
-    moment arrays are passed as w (never touched). `scalars`: batch, lr, beta1, beta2, l1,
-    l2, eps, c1, c2 (missing ones 0)."""
-    states = [s for s in (s1, s2) if s is not None]
-    vec = aligned16(D, w, *states)
+    moment arrays are passed as w (never touched). `scalars`: a dict of the kernel's scalar
+    parameters (batch, lr, beta1, beta2, l1, l2, eps, c1, c2), updated in place with the
+    arrays; the ones a rule does not use are 0."""
+    vec = not ((D.data.ptr | w.data.ptr | (s1.data.ptr if s1 is not None else 0)
+                | (s2.data.ptr if s2 is not None else 0)) & 15)
     n = w.size
-    args = {"D": D, "w": w, "s1": w if s1 is None else s1, "s2": w if s2 is None else s2,
-            "n": n, "vec": vec, "batch": 0.0, "lr": 0.0, "beta1": 0.0, "beta2": 0.0,
-            "l1": 0.0, "l2": 0.0, "eps": 0.0, "c1": 0.0, "c2": 0.0}
-    args.update(scalars)
+    scalars.update(D=D, w=w, s1=w if s1 is None else s1, s2=w if s2 is None else s2, n=n,
+                   vec=vec)
     runtime.kernel("optim.cu", f"{name}<{ctype(w.dtype)},{BOOLS[variant == 'book']}>").launch(
-        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,), args)
+        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,), scalars)
 
 
 def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):

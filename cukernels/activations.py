@@ -43,19 +43,20 @@ def _elementwise(name, arrays, scalars, out):
     """Validate and run one elementwise function; `arrays` is an ordered name -> array dict."""
     (ref_name, ref), *rest = arrays.items()
     xp = checks.backend(**arrays, out=out)
-    checks.check_array(ref_name, ref, ndim=_ANY)
+    dt = checks.check_array(ref_name, ref, ndim=_ANY)
     if rest:
         checks.check_same(ref_name, ref, **dict(rest))
     if out is not None:
         checks.check_out(out, ref_name, ref)
-    dt = ref.dtype
-    wrapped = {k: checks.real(k, v, dt) for k, v in scalars.items()}
+    a = checks.real("a", scalars["a"], dt) if "a" in scalars else 0.0
+    b = checks.real("b", scalars["b"], dt) if "b" in scalars else 0.0
     if xp is np:
-        return getattr(oracle, name)(*arrays.values(), *wrapped.values(), out=out)
-    result = out if out is not None else xp.empty_like(ref)
+        return getattr(oracle, name)(*arrays.values(), *([a] if "a" in scalars else []),
+                                     *([b] if "b" in scalars else []), out=out)
+    result = out if out is not None else xp.empty(ref.shape, dt)
     return _launch.launch_elementwise(
         "activations.cu", _NAMES[name, "float" if dt == np.float32 else "double"],
-        tuple(arrays.values()), result, a=wrapped.get("a", 0.0), b=wrapped.get("b", 0.0))
+        tuple(arrays.values()), result, a=a, b=b)
 
 
 def line_activation(inputs, a=1.0, b=0.0, *, out=None):
@@ -110,7 +111,7 @@ def swish_derivative(outputs, output_gr, b, inputs, *, out=None):
     bb = checks.real("b", b, outputs.dtype)
     if xp is np:
         return oracle.swish_derivative(outputs, output_gr, bb, inputs, out=out)
-    result = out if out is not None else xp.empty_like(outputs)
+    result = out if out is not None else xp.empty(outputs.shape, outputs.dtype)
     return _launch.launch_elementwise("activations.cu",
                                       f"swish_derivative<{_launch.ctype(outputs.dtype)}>",
                                       (outputs, output_gr, inputs), result, b=bb)

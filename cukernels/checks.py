@@ -2,7 +2,9 @@
 
 Each check raises a TypeError or ValueError whose message names the argument and says what
 was expected. They run once per public call, on both backends, and are written to cost
-microseconds: a call on tiny arrays is bound by its host time.
+microseconds: a call on tiny arrays is bound by its host time. So each check first tests
+the common case cheaply (a cupy array's contiguity and size are attributes, not computed)
+and works out the message only on the way to an error.
 """
 from __future__ import annotations
 
@@ -14,38 +16,52 @@ import numpy as np
 from . import runtime
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_F32, _F64 = FLOAT_DTYPES
 _NDARRAY = np.ndarray
+
+
+def _cupy_ndarray():
+    cp = runtime.cupy_module()
+    return cp.ndarray if cp is not None else None
 
 
 def backend(**arrays):
     """numpy or cupy, from the arrays given (None entries are skipped); mixed is a TypeError."""
-    cp = runtime.cupy_module()
-    cp_nd = cp.ndarray if cp is not None else ()
+    nd = _cupy_ndarray()
     on_cpu = on_gpu = None
     for name, a in arrays.items():
-        if a is None:
+        t = type(a)
+        if t is nd:
+            on_gpu = on_gpu or name
+        elif a is None:
             continue
-        if isinstance(a, _NDARRAY):
+        elif t is _NDARRAY or isinstance(a, _NDARRAY):
             on_cpu = on_cpu or name
-        elif isinstance(a, cp_nd):
+        elif nd is not None and isinstance(a, nd):
             on_gpu = on_gpu or name
         else:
             raise TypeError(f"{name} must be a numpy or cupy array, got {type(a).__name__}")
+    if on_gpu and not on_cpu:
+        return runtime.cupy_module()
+    if on_cpu and not on_gpu:
+        return np
     if on_cpu and on_gpu:
         raise TypeError(f"numpy and cupy arrays are mixed: {on_cpu} is a numpy array, "
                         f"{on_gpu} is a cupy array; move them to one device")
-    if on_gpu:
-        return cp
-    if on_cpu:
-        return np
     raise TypeError("no array arguments were given")
+
+
+def contiguous(a) -> bool:
+    """C-contiguity (a cupy array keeps it as an attribute; numpy's flags are computed)."""
+    try:
+        return a._c_contiguous
+    except AttributeError:
+        return a.flags.c_contiguous
 
 
 def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
     """Validate one array argument; returns its dtype. Errors name the argument."""
     dt = a.dtype
-    if dt is not _F32 and dt is not _F64 and dt not in FLOAT_DTYPES:
+    if dt not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32 or float64, got {dt}")
     if dtype is not None and dt != dtype:
         raise TypeError(f"{name} has dtype {dt}, expected {np.dtype(dtype)} "
@@ -61,7 +77,7 @@ def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, 
                          + (f" (to match {shape_of})" if shape_of else ""))
     if a.size == 0:
         raise ValueError(f"{name} is empty (shape {tuple(a.shape)}); sizes must be > 0")
-    if not a.flags.c_contiguous:
+    if not contiguous(a):
         raise ValueError(f"{name} must be C-contiguous; pass xp.ascontiguousarray({name})")
     return dt
 
@@ -71,7 +87,7 @@ def check_same(ref_name, ref, **others):
     entries are skipped)."""
     dt, shape = ref.dtype, ref.shape
     for name, a in others.items():
-        if a is None or (a.dtype == dt and a.shape == shape and a.flags.c_contiguous):
+        if a is None or (a.dtype == dt and a.shape == shape and contiguous(a)):
             continue      # (the common case, cheaply: ref's checks hold for a too)
         check_array(name, a, ndim=None, dtype=dt, dtype_of=ref_name, shape=shape,
                     shape_of=ref_name)
@@ -113,7 +129,8 @@ def real(name, x, dtype, *, min_value=None, max_value=None, below_max=False):
 
 def integer(name, x, *, min_value=None, max_value=None):
     """An integer (not a bool), within [min_value, max_value] where given; returned as int."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+    if type(x) is not int and (isinstance(x, (bool, np.bool_))
+                               or not isinstance(x, numbers.Integral)):
         raise TypeError(f"{name} must be an integer, got {type(x).__name__}")
     if min_value is not None and x < min_value:
         raise ValueError(f"{name} must be >= {min_value}, got {x}")
@@ -137,7 +154,7 @@ def choice(name, v, allowed):
 
 
 def variant_of(variant):
-    if variant not in ("standard", "book"):
+    if variant != "standard" and variant != "book":
         raise ValueError(f"variant must be 'standard' or 'book', got {variant!r}")
     return variant
 
@@ -148,8 +165,8 @@ def _start(a):
 
 def check_distinct(**arrays):
     """Arrays that a kernel updates in place must not overlap each other or its inputs."""
-    spans = sorted((_start(v), i, k, _start(v) + v.nbytes)
-                   for i, (k, v) in enumerate(arrays.items()) if v is not None)
+    spans = sorted((s, i, k, s + v.nbytes) for i, (k, v, s) in
+                   enumerate((k, v, _start(v)) for k, v in arrays.items() if v is not None))
     for (a0, i, name_a, a1), (b0, j, name_b, b1) in zip(spans, spans[1:]):
         if b0 < a1:          # (sorted by start: any overlap shows between neighbours)
             first, second = (name_a, name_b) if i < j else (name_b, name_a)

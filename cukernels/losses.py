@@ -32,7 +32,7 @@ def calc_output_gradient(target, outputs, loss_function, *, variant="standard", 
     if xp is np:
         return oracle.calc_output_gradient(target, outputs, code, variant=variant, eps=eps,
                                            out=out)
-    result = out if out is not None else xp.empty_like(target)
+    result = out if out is not None else xp.empty(target.shape, target.dtype)
     book = "true" if variant == "book" else "false"
     return _launch.launch_elementwise(
         "losses.cu", f"calc_output_gradient<{_launch.ctype(target.dtype)},{book}>",

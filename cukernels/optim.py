@@ -51,13 +51,13 @@ _KERNEL_ARG = {"learning_rate": "lr", "lambda1": "l1", "lambda2": "l2", "beta": 
                "beta1": "beta1", "beta2": "beta2", "eps": "eps"}
 
 
-def _run(name, variant, delta_weights, weights, s1, s2, batch_size, scalars, **extra):
+def _run(name, variant, delta_weights, weights, s1, s2, batch_size, scalars, c1=0.0, c2=0.0):
     """Launch the update kernel `name` with the checked scalars (kernel parameter names)."""
     dt = weights.dtype.type
-    args = {_KERNEL_ARG[k]: v for k, v in scalars.items()}   # (already in the dtype)
-    args["batch"] = dt(batch_size)
-    for k, v in extra.items():
-        args[k] = dt(v)
+    args = {"batch": dt(batch_size), "lr": 0.0, "beta1": 0.0, "beta2": 0.0, "l1": 0.0,
+            "l2": 0.0, "eps": 0.0, "c1": dt(c1), "c2": dt(c2)}
+    for k, v in scalars.items():
+        args[_KERNEL_ARG[k]] = v          # (already in the dtype)
     _launch.launch_update(name, variant, delta_weights, weights, s1, s2, args)
 
 

@@ -98,7 +98,10 @@ def cp():
 
 @pytest.fixture
 def poison(cp, monkeypatch):
-    """cupy.empty / empty_like return NaN-filled arrays, so an unwritten element fails a test."""
+    """cupy.empty / empty_like return NaN-filled arrays, so an unwritten element fails a
+    test; cugru's temporaries are not reused between calls (each starts as NaN)."""
+    from cugru import _device
+    monkeypatch.setattr(_device, "SCRATCH_BYTES", 0)
     empty, empty_like = cp.empty, cp.empty_like
 
     def nan_empty(*a, **k):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 QUICK = bool(os.environ.get("CK_QUICK"))   # the sanitizer runs a smaller grid of sizes
 SIZES = [5, 1001] if QUICK else [1, 3, 5, 33, 257, 1001, 4099]
-def assert_matches(gpu_outs, args, kw, case_oracle, dtype, rows=False):
+def assert_matches(gpu_outs, args, kw, case_oracle, dtype, scope="element"):
     """Compare GPU outputs with the float64 oracle, element by element (see the module's doc)."""
     dtype = np.dtype(dtype)
     up = [a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args]
@@ -31,7 +31,7 @@ def assert_matches(gpu_outs, args, kw, case_oracle, dtype, rows=False):
     for k, (got, r, lo) in enumerate(zip(gpu_outs, ref, low)):
         got = got.get() if hasattr(got, "get") else got
         assert got.dtype == dtype
-        excess = elementwise_excess(got, r, lo, dtype, rows)
+        excess = elementwise_excess(got, r, lo, dtype, scope)
         assert excess <= 1, f"output {k}: an element's error is {excess:.3g} times its bound"
 
 
@@ -110,12 +110,12 @@ def test_softmax_and_derivative_match_oracle(cp, poison, rng, dtype, shape):
     x = (rng.standard_normal(shape) * 4).astype(dtype)
     y = ck.softmax_activation(cp.asarray(x))
     assert_matches([y], [x], {}, lambda a, k: [oracle.softmax_activation(a[0])], dtype,
-                   rows=True)
+                   scope="row")
     g = rng.standard_normal(shape).astype(dtype)
     yd = oracle.softmax_activation(x)
     dx = ck.softmax_derivative(cp.asarray(yd), cp.asarray(g))
     assert_matches([dx], [yd, g], {}, lambda a, k: [oracle.softmax_derivative(a[0], a[1])], dtype,
-                   rows=True)
+                   scope="array")
     xg = cp.asarray(x)                              # in place
     ck.softmax_activation(xg, out=xg)
     cp.testing.assert_array_equal(xg, y)
@@ -143,15 +143,15 @@ def test_dense_kernels_match_oracle(cp, poison, rng, dtype, n, i, batch):
     W, x, g = dense_args(rng, n, i, batch, dtype)
     Wg, xg, gg = (cp.asarray(a) for a in (W, x, g))
     assert_matches([ck.perceptron_feed_forward(xg, Wg)], [x, W], {},
-                   lambda a, k: [oracle.perceptron_feed_forward(a[0], a[1])], dtype, rows=True)
+                   lambda a, k: [oracle.perceptron_feed_forward(a[0], a[1])], dtype, scope="row")
     assert_matches([ck.calc_hidden_gradient(Wg, gg)], [W, g], {},
-                   lambda a, k: [oracle.calc_hidden_gradient(a[0], a[1])], dtype, rows=True)
+                   lambda a, k: [oracle.calc_hidden_gradient(a[0], a[1])], dtype, scope="row")
     D = rng.uniform(-1, 1, W.shape).astype(dtype)
     Dg = cp.asarray(D)
     assert ck.calc_delta_weights(xg, Dg, gg) is Dg
     assert_matches([Dg], [x, D, g], {},
                    lambda a, k: [oracle.calc_delta_weights(a[0], a[1].copy(), a[2])], dtype,
-                   rows=True)
+                   scope="row")
 
 
 @pytest.mark.parametrize("activation", [0, 1, 2])
@@ -162,7 +162,7 @@ def test_article_kernels_match_oracle(cp, poison, rng, dtype, n, i, batch, activ
     Wg, xg, gg = (cp.asarray(a) for a in (W, x, g))
     assert_matches([ck.article.feed_forward(Wg, xg, activation)], [W, x], {},
                    lambda a, k: [oracle.article_feed_forward(a[0], a[1], activation)], dtype,
-                   rows=True)
+                   scope="row")
     o = oracle.article_feed_forward(W, x, activation)          # this layer's outputs
     t = rng.uniform(-1.2, 1.2, o.shape).astype(dtype)
     assert_matches([ck.article.calc_output_gradient(cp.asarray(t), cp.asarray(o), activation)],
@@ -174,7 +174,7 @@ def test_article_kernels_match_oracle(cp, poison, rng, dtype, n, i, batch, activ
                                                     activation)],
                    [W2, g2, o], {},
                    lambda a, k: [oracle.article_calc_hidden_gradient(a[0], a[1], a[2], activation)],
-                   dtype, rows=True)
+                   dtype, scope="row")
     dW = rng.uniform(-0.1, 0.1, W.shape).astype(dtype)
     Wu, dWu = cp.asarray(W), cp.asarray(dW)
     ck.article.update_weights(Wu, gg, xg, dWu, 0.05, 0.9)

@@ -129,6 +129,26 @@ def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
         cp.testing.assert_array_equal(a, b)
 
 
+def test_reused_temporaries_give_the_bits_of_fresh_ones(cp, rng, monkeypatch):
+    """Small calls keep their temporaries between calls (cugru._device.scratch): two
+    problems of one shape in turn, again, and on another stream give the bits that calls
+    with fresh temporaries give."""
+    from cugru import _device
+    shape = (7, 3, 5, 9, True)
+    probs = [to_gpu(cp, problem(rng, *shape, dtype=np.float32)) for _ in range(2)]
+    for path in ("steps", "fast"):
+        reused = [run(g, path=path) for g in probs + probs]
+        with cp.cuda.Stream() as other:
+            reused.append(run(probs[1], path=path))
+        other.synchronize()
+        monkeypatch.setattr(_device, "SCRATCH_BYTES", 0)
+        fresh = [run(g, path=path) for g in probs]
+        monkeypatch.undo()
+        for got, want in zip(reused, fresh + fresh + fresh[1:]):
+            for a, b in zip(got, want):
+                cp.testing.assert_array_equal(a, b)
+
+
 REPEAT_SHAPES = ([((6, 8, 4, 32, True), "block"), ((5, 8, 4, 160, False), "cluster"),
                   ((5, 8, 4, 300, False), "grid")] if QUICK else
                  [((40, 64, 40, 64, True), "block"), ((40, 64, 40, 128, True), "block"),

@@ -195,7 +195,9 @@ def test_main_job_script_runs_where_it_is_called_and_installs_once(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "__main__.py").write_text("raise SystemExit('pip was run')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fakepip"), "CK_REINSTALL": "0"}
+    # (the package importable from anywhere, as an install makes it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fakepip"), ROOT]),
+           "CK_REINSTALL": "0"}
     proc = subprocess.run([os.path.join(ROOT, "run-main-job.sh"), "--device", "cpu",
                            "--data", "mine.npz", "--epochs", "1", "--hidden", "4",
                            "--no-progress", "--save", "w.npz", "--plot", "c.png"],

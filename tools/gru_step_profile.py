@@ -14,9 +14,14 @@ and gru_backward with `train`) 200 times under cProfile, printing where the host
 goes. With --pieces: the host time of each piece of an inference call (argument checks,
 plan, allocations, the input GEMM, the launch), each timed alone over many repeats.
 """
+import os
 import sys
 
 import numpy as np
+
+# (run as a script: the repository root holds the bench package)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def shape_of(sid):

@@ -14,9 +14,14 @@ A diagnostic, not part of the package: it patches kernels/gru_tile.cu's text in 
 stops with an AssertionError when the text it patches has changed) and compiles each
 variant with CuPy. The variants compute wrong results; only their times mean anything.
 """
+import os
 import sys
 
 import numpy as np
+
+# (run as a script: the repository root holds the bench package)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def _patch(src, old, new, count=1):
