@@ -122,20 +122,6 @@ def zero_bytes(dst: int, nbytes: int) -> None:
     cp.cuda.runtime.memsetAsync(dst, 0, nbytes, cp.cuda.get_current_stream().ptr)
 
 
-def views(flat, *shapes):
-    """C-contiguous arrays of `shapes`, one after the other in the flat array `flat` (views:
-    cheaper on the host than slicing and reshaping)."""
-    nd = runtime.cupy_module().ndarray
-    out, at, it = [], flat.data, flat.dtype.itemsize
-    for shape in shapes:
-        out.append(nd(shape, flat.dtype, memptr=at))
-        n = 1
-        for d in shape:
-            n *= d
-        at = at + n * it
-    return tuple(out)
-
-
 _ONES: dict = {}
 
 

@@ -133,8 +133,7 @@ def tail(p, loop=None):
     # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
     loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
               0.0, dx.data.ptr, I, 0)
-    grads = weight_grads(loop, p)
-    return (dx,) + dev.views(grads, (D, G, I), (D, G, H), (D, G), (D, G))
+    return (dx,) + weight_grads(loop, p)
 
 
 def row_chunks(rows):
@@ -144,7 +143,8 @@ def row_chunks(rows):
 
 
 def weight_grads(loop, p):
-    """dW_ih, dW_hh, db_ih and db_hh, flat in one buffer in that order.
+    """dW_ih (D, 3H, I), dW_hh (D, 3H, H), db_ih (D, 3H) and db_hh (D, 3H): views of one
+    flat buffer, in that order.
 
     Summed over the T*B rows in chunks (row_chunks), each chunk summed on its own and the
     chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
@@ -158,15 +158,16 @@ def weight_grads(loop, p):
     dt, G, TB = p.dtype, 3 * H, T * B
     it = dt.itemsize
     x, dgi, hs, dgh = p.x.data.ptr, p.dgi.data.ptr, p.hs.data.ptr, p.dgh.data.ptr
-    total = D * G * (I + H + 2)
-    o_hh, o_bih = D * G * I, D * G * (I + H)
+    n_ih, n_hh = D * G * I, D * G * H
+    total = n_ih + n_hh + 2 * D * G
+    o_hh, o_bih = n_ih, n_ih + n_hh
     o_bhh = o_bih + D * G
     grads = cp.empty(total, dt)
     chunks = row_chunks(TB)
     ones_vec = dev.ones(chunks[0][1], dt)      # (kept alive while its address is used)
     ones = ones_vec.data.ptr
     batched = len(chunks) * total * it <= max(WGRAD_PARTIAL_BYTES,
-                                              WGRAD_PARTIAL_DGI * p.dgi.nbytes)
+                                              WGRAD_PARTIAL_DGI * TB * D * G * it)
     if batched:
         per = chunks[0][1]
         nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
@@ -199,4 +200,5 @@ def weight_grads(loop, p):
                     (min(-(-total // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
                     {"part": part, "out": grads, "n": total, "ld": total,
                      "chunks": len(chunks)})
-    return grads
+    return (grads[:n_ih].reshape(D, G, I), grads[o_hh:o_bih].reshape(D, G, H),
+            grads[o_bih:o_bhh].reshape(D, G), grads[o_bhh:].reshape(D, G))

@@ -66,33 +66,39 @@ def _ew_grid(work):
     return max(1, min(-(-work // (EW_PACKS_PER_THREAD * EW_THREADS)), 2**31 - 1))
 
 
+#: the parameters of activations.cu's and losses.cu's kernels, and of optim.cu's, in order:
+#: those launches pass positional values, checked once against each kernel's declaration
+EW_PARAMS = ("in0", "in1", "in2", "out", "n", "a", "b", "code", "vec")
+UPDATE_PARAMS = ("D", "w", "s1", "s2", "n", "batch", "lr", "beta1", "beta2", "l1", "l2", "eps",
+                 "c1", "c2", "vec")
+
+
 def launch_elementwise(source, name, inputs, out, a=0.0, b=0.0, code=0):
-    """Launch an (in0, in1, in2, out, n, a, b, code, vec) kernel of activations/losses.cu;
-    unused inputs are passed as in0 (never read)."""
-    in0 = inputs[0]
-    in1 = inputs[1] if len(inputs) > 1 else in0
-    in2 = inputs[2] if len(inputs) > 2 else in0
-    vec = aligned16(*inputs, out)
+    """Launch an elementwise kernel of activations/losses.cu (EW_PARAMS); unused inputs are
+    passed as in0 (never read)."""
+    p0 = inputs[0].data.ptr
+    p1 = inputs[1].data.ptr if len(inputs) > 1 else p0
+    p2 = inputs[2].data.ptr if len(inputs) > 2 else p0
+    po = out.data.ptr
+    vec = not (p0 | p1 | p2 | po) & 15          # every array on a 16-byte boundary
     n = out.size
-    runtime.kernel(source, name).launch(
+    runtime.kernel(source, name, EW_PARAMS).launch_values(
         (_ew_grid(n // (16 // out.itemsize) if vec else n),), (EW_THREADS,),
-        {"in0": in0, "in1": in1, "in2": in2, "out": out, "n": n, "a": a, "b": b,
-         "code": code, "vec": vec})
+        (p0, p1, p2, po, n, a, b, code, vec))
     return out
 
 
-def launch_update(name, variant, D, w, s1, s2, scalars):
-    """Launch one of optim.cu's update kernels (in place on D, w and the moments); unused
-    moment arrays are passed as w (never touched). `scalars`: a dict of the kernel's scalar
-    parameters (batch, lr, beta1, beta2, l1, l2, eps, c1, c2), updated in place with the
-    arrays; the ones a rule does not use are 0."""
-    vec = not ((D.data.ptr | w.data.ptr | (s1.data.ptr if s1 is not None else 0)
-                | (s2.data.ptr if s2 is not None else 0)) & 15)
+def launch_update(kernel_name, D, w, s1, s2, batch, lr, beta1, beta2, l1, l2, eps, c1, c2):
+    """Launch one of optim.cu's update kernels (UPDATE_PARAMS), in place on D, w and the
+    moments; unused moment arrays are passed as w (never touched)."""
+    pd, pw = D.data.ptr, w.data.ptr
+    p1 = s1.data.ptr if s1 is not None else pw
+    p2 = s2.data.ptr if s2 is not None else pw
+    vec = not (pd | pw | p1 | p2) & 15
     n = w.size
-    scalars.update(D=D, w=w, s1=w if s1 is None else s1, s2=w if s2 is None else s2, n=n,
-                   vec=vec)
-    runtime.kernel("optim.cu", f"{name}<{ctype(w.dtype)},{BOOLS[variant == 'book']}>").launch(
-        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,), scalars)
+    runtime.kernel("optim.cu", kernel_name, UPDATE_PARAMS).launch_values(
+        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,),
+        (pd, pw, p1, p2, n, batch, lr, beta1, beta2, l1, l2, eps, c1, c2, vec))
 
 
 def gemm(transa: bool, transb: bool, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):

@@ -104,25 +104,30 @@ def check_out(out, ref_name, ref):
 
 
 _PLAIN_REALS = (float, int, np.float32, np.float64)
+#: the smallest magnitude that rounds to infinity in float32 (half an ulp above its largest)
+_F32_OVERFLOW = 3.4028235677973366e38
 
 
 def real(name, x, dtype, *, min_value=None, max_value=None, below_max=False):
-    """A real scalar, checked and returned as a scalar of `dtype` (a bare Python float would
-    reach a kernel as a double): finite in that dtype, and within [min_value, max_value]
-    (or [min_value, max_value) with `below_max`) where given."""
-    if type(x) not in _PLAIN_REALS and (isinstance(x, (bool, np.bool_))
-                                        or not isinstance(x, numbers.Real)):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    if dtype is None:
+    """A real scalar, checked: finite in `dtype` (a value that float32 rounds to infinity is
+    refused where dtype is float32), and within [min_value, max_value] (or [min_value,
+    max_value) with `below_max`) where given. Returned as a Python float: the oracle and
+    the kernels' argument packing each round it to the arrays' dtype (the same rounding
+    numpy's float32() does), so a bare Python float never reaches a kernel as a double."""
+    if type(x) is float:
+        v = x
+    elif type(x) in _PLAIN_REALS or (isinstance(x, numbers.Real)
+                                     and not isinstance(x, (bool, np.bool_))):
         v = float(x)
     else:
-        v = (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)).type(x)
-    if not math.isfinite(v):
-        where = "" if not math.isfinite(float(x)) else f" in {np.dtype(dtype)}"
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    if not (math.isfinite(v) and (abs(v) < _F32_OVERFLOW or dtype is None
+                                   or np.dtype(dtype).itemsize == 8)):
+        where = "" if not math.isfinite(v) else f" in {np.dtype(dtype)}"
         raise ValueError(f"{name} must be finite{where}, got {x}")
-    if min_value is not None and x < min_value:
+    if min_value is not None and v < min_value:
         raise ValueError(f"{name} must be >= {min_value}, got {x}")
-    if max_value is not None and (x >= max_value if below_max else x > max_value):
+    if max_value is not None and (v >= max_value if below_max else v > max_value):
         raise ValueError(f"{name} must be {'<' if below_max else '<='} {max_value}, got {x}")
     return v
 

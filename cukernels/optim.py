@@ -47,18 +47,18 @@ def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
     return xp is not np, wrapped
 
 
-_KERNEL_ARG = {"learning_rate": "lr", "lambda1": "l1", "lambda2": "l2", "beta": "beta1",
-               "beta1": "beta1", "beta2": "beta2", "eps": "eps"}
+_NAMES = {(k, c, v): f"{k}<{c},{_launch.BOOLS[v == 'book']}>" for k in UPDATE_KERNELS
+          for c in _launch.CTYPES for v in ("standard", "book")}
 
 
-def _run(name, variant, delta_weights, weights, s1, s2, batch_size, scalars, c1=0.0, c2=0.0):
-    """Launch the update kernel `name` with the checked scalars (kernel parameter names)."""
-    dt = weights.dtype.type
-    args = {"batch": dt(batch_size), "lr": 0.0, "beta1": 0.0, "beta2": 0.0, "l1": 0.0,
-            "l2": 0.0, "eps": 0.0, "c1": dt(c1), "c2": dt(c2)}
-    for k, v in scalars.items():
-        args[_KERNEL_ARG[k]] = v          # (already in the dtype)
-    _launch.launch_update(name, variant, delta_weights, weights, s1, s2, args)
+def _run(name, variant, delta_weights, weights, s1, s2, batch_size, sc, c1=0.0, c2=0.0):
+    """Launch the update kernel `name` with the checked scalars `sc` (by argument name)."""
+    g = sc.get
+    _launch.launch_update(
+        _NAMES[name, "float" if weights.dtype == np.float32 else "double", variant],
+        delta_weights, weights, s1, s2, float(batch_size), g("learning_rate", 0.0),
+        g("beta", g("beta1", 0.0)), g("beta2", 0.0), g("lambda1", 0.0), g("lambda2", 0.0),
+        g("eps", 0.0), c1, c2)
 
 
 def sgd_update(delta_weights, weights, batch_size, learning_rate=3e-4, lambda1=0.0,

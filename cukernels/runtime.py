@@ -288,20 +288,29 @@ def _module(src: Source, group: str, device_id: int):
     return mod
 
 
-def kernel(source_name: str, name: str) -> "Kernel":
+def kernel(source_name: str, name: str, params: tuple | None = None) -> "Kernel":
     """The compiled kernel `name` (a registered instance of `source_name`) on the current
-    device, compiling its module the first time."""
-    dev = cupy_module().cuda.runtime.getDevice()
+    device, compiling its module the first time. `params`: the parameter names a caller
+    that launches with positional values (Kernel.launch_values) expects, in order; checked
+    against the kernel's declaration (an error if they differ)."""
+    dev = (_CUPY or cupy_module()).cuda.runtime.getDevice()
     k = _KERNELS.get((source_name, name, dev))
+    if k is not None and (params is None or params is k.checked):
+        return k
     if k is None:
         with _LOCK:
             src = source(source_name)
             raw = _module(src, src.group_of(name), dev).get_function(name)
             base = name.split("<", 1)[0]
-            params = signatures(source_name).get(base)
-            if params is None:
+            params_ = signatures(source_name).get(base)
+            if params_ is None:
                 raise KeyError(f"{source_name} declares no kernel {base}")
-            k = _KERNELS[(source_name, name, dev)] = Kernel(name, raw, params)
+            k = _KERNELS[(source_name, name, dev)] = Kernel(name, raw, params_)
+    if params is not None:
+        if tuple(params) != k.names:
+            raise TypeError(f"{name}: launched with parameters {tuple(params)}, but it "
+                            f"declares {k.names}")
+        k.checked = params
     return k
 
 
@@ -367,7 +376,7 @@ class Kernel:
     address) for pointers, numbers for the rest, each packed as its parameter's type."""
 
     __slots__ = ("name", "raw", "ptr", "params", "fmt", "_get", "_pointers", "_shared",
-                 "_struct", "_codes")
+                 "_struct", "_codes", "names", "checked")
 
     def __init__(self, name, raw, params):
         self.name, self.raw, self.params = name, raw, params
@@ -387,10 +396,8 @@ class Kernel:
             (lambda a, n=names[0]: (a[n],))
         self._pointers = tuple(i for i, k in enumerate(kinds) if k == "ptr")
         self._shared = 0
-
-    @property
-    def names(self):
-        return tuple(n for n, _ in self.params)
+        self.names = tuple(names)
+        self.checked = None       # (the parameter names a positional caller was checked for)
 
     def values(self, args: Mapping) -> list:
         """The argument of each parameter, in order, pointers as addresses."""
@@ -447,6 +454,25 @@ class Kernel:
         else:
             cp.cuda.driver.launchKernel(self.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream,
                                         addrs, 0)
+
+    def launch_values(self, grid, block, values, *, shared_mem=0, stream=None) -> None:
+        """Launch with `values` in the order of the parameters (pointers as int addresses),
+        for a caller whose order kernel(..., params=) has checked: no dictionary per call."""
+        buf, addrs, _ = _shared_block()
+        try:
+            self._struct.pack_into(buf, 0, *values)
+        except struct.error as e:
+            raise ValueError(f"{self.name}: the arguments do not fit the parameters "
+                             f"{self.names} ({e})") from None
+        cp = _CUPY or cupy_module()
+        n = len(grid)
+        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        n = len(block)
+        bx, by, bz = block[0], block[1] if n > 1 else 1, block[2] if n > 2 else 1
+        if stream is None:
+            stream = cp.cuda.get_current_stream().ptr
+        cp.cuda.driver.launchKernel(self.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream,
+                                    addrs, 0)
 
     def typed(self, args: Mapping) -> tuple:
         """The arguments as numpy scalars of each parameter's type, in order (pointers as

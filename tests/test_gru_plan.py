@@ -353,16 +353,6 @@ def sum_chunks(grid, block, shared_mem, cooperative, part, out, n, ld, chunks):
     out[:n] = acc
 
 
-def views(flat, *shapes):
-    """_device.views on a host array"""
-    out, at = [], 0
-    for shape in shapes:
-        n = int(np.prod(shape))
-        out.append(flat[at:at + n].reshape(shape))
-        at += n
-    return tuple(out)
-
-
 @pytest.fixture
 def host_device(monkeypatch):
     """cugru._device replaced by numpy stand-ins (the seam between the plans and the GPU)."""
@@ -385,7 +375,6 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "kernel", lambda family, name: kernels[family, name])
     monkeypatch.setattr(_device, "shared", lambda kern, nbytes: kern)
     monkeypatch.setattr(_device, "ones", fake.ones)
-    monkeypatch.setattr(_device, "views", views)
     monkeypatch.setattr(_device, "scratch", lambda name, shape, dt: fake.empty(shape, dt))
     monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
