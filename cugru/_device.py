@@ -48,27 +48,62 @@ SCRATCH_ENTRIES = 64
 _SCRATCH: dict = {}
 
 
-def scratch(name, shape, dtype):
-    """A temporary array of a pass (`name` tells the pass's temporaries apart): reused from
-    an earlier call on this device, stream and thread where small enough (SCRATCH_BYTES), so
-    that its contents are whatever that call left. The stream orders the calls that share
-    one; other streams and threads get their own."""
+def scratch(name, dtype, *shapes):
+    """The temporary arrays of a pass (`name` tells the pass's sets apart), one per shape:
+    reused from an earlier call on this device, stream and thread where small enough
+    (SCRATCH_BYTES in all), so that their contents are whatever that call left. The stream
+    orders the calls that share them; other streams and threads get their own."""
     cp = runtime.cupy_module()
     dt = np.dtype(dtype)
-    n = dt.itemsize
-    for d in shape:
-        n *= d
-    if n > SCRATCH_BYTES:
-        return cp.empty(shape, dt)
-    key = (name, shape, dt.char, cp.cuda.runtime.getDevice(),
+    if _elements(shapes) * dt.itemsize > SCRATCH_BYTES:
+        return tuple(cp.empty(s, dt) for s in shapes)
+    key = (name, shapes, dt.char, cp.cuda.runtime.getDevice(),
            cp.cuda.get_current_stream().ptr, threading.get_ident())
-    a = _SCRATCH.pop(key, None)
-    if a is None:
-        a = cp.empty(shape, dt)
+    arrays = _SCRATCH.pop(key, None)
+    if arrays is None:
+        arrays = outputs(dt, *shapes)
         while len(_SCRATCH) >= SCRATCH_ENTRIES:
             _SCRATCH.pop(next(iter(_SCRATCH)))
-    _SCRATCH[key] = a           # (most recently used last)
-    return a
+    _SCRATCH[key] = arrays      # (most recently used last)
+    return arrays
+
+
+def _elements(shapes):
+    total = 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+#: the arrays a call returns, when they take at most this many bytes together, share one
+#: allocation (each a view at a 256-byte boundary of it): a small call costs its host time,
+#: and an allocation costs more than a view. A view keeps the whole allocation alive, which
+#: this bound keeps small.
+OUTPUT_GROUP_BYTES = 1 << 20
+_ALIGN = 256
+
+
+def outputs(dtype, *shapes):
+    """New arrays of `shapes` (C-contiguous), one allocation where they are small together
+    (OUTPUT_GROUP_BYTES), else one each."""
+    cp = cupy()
+    dt = np.dtype(dtype)
+    per = _ALIGN // dt.itemsize
+    sizes, offsets, total = [], [], 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        sizes.append(n)
+        offsets.append(total)
+        total += -(-n // per) * per
+    if total * dt.itemsize > OUTPUT_GROUP_BYTES or len(shapes) == 1:
+        return tuple(cp.empty(s, dt) for s in shapes)
+    flat = cp.empty(total, dt)
+    return tuple(flat[o:o + n].reshape(s) for o, n, s in zip(offsets, sizes, shapes))
 
 
 def shared(kern, nbytes: int):

@@ -50,19 +50,22 @@ class ForwardPass:
         self.training = a.training
         self.x, self.w_ih, self.w_hh, self.b_ih, self.b_hh = a.x, a.w_ih, a.w_hh, a.b_ih, a.b_hh
         self.S = S = T + 1 if a.training else 2
-        self.gi = dev.scratch("gi", (T, B, D, 3 * H), dt)
         # (training: hs and gates are the saved history; else hs is a temporary)
-        self.hs = (cp.empty((D, S, B, H), dt) if a.training
-                   else dev.scratch("hs", (D, S, B, H), dt))
-        self.y = cp.empty((T, B, D * H), dt)
-        self.h_n = cp.empty((D, B, H), dt)
-        self.gates = cp.empty((D, T, B, 4 * H), dt) if a.training else None
+        if a.training:
+            self.gi, = dev.scratch("forward", dt, (T, B, D, 3 * H))
+            self.y, self.h_n, self.hs, self.gates = dev.outputs(
+                dt, (T, B, D * H), (D, B, H), (D, S, B, H), (D, T, B, 4 * H))
+        else:
+            self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
+            self.y, self.h_n = dev.outputs(dt, (T, B, D * H), (D, B, H))
+            self.gates = None
 
 
 class BackwardPass:
-    """The buffers of a backward pass: the history and the gate gradients."""
+    """The buffers of a backward pass: the history, the gate gradients (temporaries), and
+    the results: dx, dh0 and the weight gradients (one flat buffer, grads)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
-                 "hs", "gates", "dgi", "dgh")
+                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads")
 
     def __init__(self, dy, dh_n, saved):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
@@ -71,8 +74,10 @@ class BackwardPass:
         self.dy, self.dh_n = dy, dh_n
         self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
         self.hs, self.gates = saved.hs, saved.gates
-        self.dgi = dev.scratch("dgi", (T, B, D, 3 * H), dt)
-        self.dgh = dev.scratch("dgh", (D, T, B, 3 * H), dt)
+        G = 3 * H
+        self.dgi, self.dgh = dev.scratch("backward", dt, (T, B, D, G), (D, T, B, G))
+        self.dx, self.dh0, self.grads = dev.outputs(dt, (T, B, I), (D, B, H),
+                                                    (D * G * (I + H + 2),))
 
 
 def forward(a, plan):
@@ -109,15 +114,16 @@ def backward(dy, dh_n, saved, plan):
     """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
     p = BackwardPass(dy, dh_n, saved)
     with dev.Loop(p.dtype) as loop:
-        dh = plan.backward(loop, p)
+        plan.backward(loop, p)
         dx, dw_ih, dw_hh, db_ih, db_hh = tail(p, loop)
-    return (dx, dh) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+    return (dx, p.dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
 
 
 def run_recurrence(p, plan):
-    """The plan's reverse recurrence: fills p.dgi and p.dgh; returns dh0."""
+    """The plan's reverse recurrence: fills p.dgi, p.dgh and p.dh0; returns dh0."""
     with dev.Loop(p.dtype) as loop:
-        return plan.backward(loop, p)
+        plan.backward(loop, p)
+    return p.dh0
 
 
 def tail(p, loop=None):
@@ -126,10 +132,9 @@ def tail(p, loop=None):
     if loop is None:
         with dev.Loop(p.dtype) as loop:
             return tail(p, loop)
-    cp = dev.cupy()
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB = 3 * H, T * B
-    dx = cp.empty((T, B, I), p.dtype)
+    dx = p.dx
     # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B): both directions summed in K
     loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
               0.0, dx.data.ptr, I, 0)
@@ -143,8 +148,8 @@ def row_chunks(rows):
 
 
 def weight_grads(loop, p):
-    """dW_ih (D, 3H, I), dW_hh (D, 3H, H), db_ih (D, 3H) and db_hh (D, 3H): views of one
-    flat buffer, in that order.
+    """dW_ih (D, 3H, I), dW_hh (D, 3H, H), db_ih (D, 3H) and db_hh (D, 3H): views of the
+    pass's flat buffer p.grads, in that order.
 
     Summed over the T*B rows in chunks (row_chunks), each chunk summed on its own and the
     chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
@@ -153,7 +158,6 @@ def weight_grads(loop, p):
     each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums
     are GEMMs with a vector of ones.
     """
-    cp = dev.cupy()
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     dt, G, TB = p.dtype, 3 * H, T * B
     it = dt.itemsize
@@ -162,7 +166,7 @@ def weight_grads(loop, p):
     total = n_ih + n_hh + 2 * D * G
     o_hh, o_bih = n_ih, n_ih + n_hh
     o_bhh = o_bih + D * G
-    grads = cp.empty(total, dt)
+    grads = p.grads
     chunks = row_chunks(TB)
     ones_vec = dev.ones(chunks[0][1], dt)      # (kept alive while its address is used)
     ones = ones_vec.data.ptr
@@ -173,7 +177,7 @@ def weight_grads(loop, p):
         nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
         # (first chunk, rows per chunk, chunks): the full chunks, then a shorter last one
         runs = [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
-        part = grads if len(chunks) == 1 else dev.scratch("part", (len(chunks), total), dt)
+        part = grads if len(chunks) == 1 else dev.scratch("chunks", dt, (len(chunks), total))[0]
     else:
         runs = [(k, n, 1) for k, (r0, n) in enumerate(chunks)]
         part = grads

@@ -68,7 +68,7 @@ class StepsPlan:
         cp = dev.cupy()
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
-        gh = dev.scratch("gh", (D, B, G), p.dtype)
+        gh, = dev.scratch("steps", p.dtype, (D, B, G))
         kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,
@@ -91,11 +91,14 @@ class StepsPlan:
 
     def backward_step(self, loop, p):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
-        gradient they update (dh0 after step 0)."""
-        cp = dev.cupy()
+        gradient they update (p.dh0: dh_n, or zeros, at the start; dh0 after step 0)."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
-        dh = cp.zeros((D, B, H), p.dtype) if p.dh_n is None else p.dh_n.copy()
+        dh = p.dh0
+        if p.dh_n is None:
+            dev.zero_bytes(dh.data.ptr, dh.nbytes)
+        else:
+            dev.copy_bytes(dh.data.ptr, p.dh_n.data.ptr, dh.nbytes)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh,
@@ -110,12 +113,11 @@ class StepsPlan:
         return pointwise, product, dh
 
     def backward(self, loop, p):
-        """Returns dh0."""
+        """Fills p.dgi, p.dgh and p.dh0."""
         pointwise, product, dh = self.backward_step(loop, p)
         for s in range(p.T - 1, -1, -1):
             pointwise(s)
             product(s)
-        return dh
 
 
 STEPS = StepsPlan()
@@ -168,15 +170,13 @@ class PersistPlan:
 
     def backward(self, loop, p):
         cp = dev.cupy()
-        dh = cp.empty((p.D, p.B, p.H), p.dtype)
         loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (cat.PERSIST_THREADS,),
                     {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh,
                      "dh_n": cp.zeros((p.D, p.B, p.H), p.dtype) if p.dh_n is None else p.dh_n,
-                     "dgi": p.dgi, "dgh": p.dgh, "dh0": dh,
+                     "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0,
                      "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
                      "J": self.units, "KC": self.kc_bwd},
                     shared_mem=self.smem_bwd, cooperative=self.blocks > 1)
-        return dh
 
 
 def persist_split(B, H, D, blocks, itemsize, smem_limit):
@@ -291,10 +291,10 @@ class TilePlan:
                 "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "J": self.units, "KS": self.lanes,
                 "R": self.rows, **self.group_args(p.D)}
 
-    def backward_args(self, p, dh):
-        """The backward kernel's arguments for the pass `p`, writing dh0 into `dh`."""
+    def backward_args(self, p):
+        """The backward kernel's arguments for the pass `p`."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh, "dh_n": p.dh_n,
-                "dgi": p.dgi, "dgh": p.dgh, "dh0": dh, "steps": p.T, "B": p.B, "H": p.H,
+                "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0, "steps": p.T, "B": p.B, "H": p.H,
                 "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D)}
 
     def forward(self, loop, p):
@@ -303,11 +303,9 @@ class TilePlan:
                     shared_mem=self.smem_fwd, cooperative=not self.cluster)
 
     def backward(self, loop, p):
-        dh = dev.cupy().empty((p.D, p.B, p.H), p.dtype)
         loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (self.threads,),
-                    self.backward_args(p, dh), shared_mem=self.smem_bwd,
+                    self.backward_args(p), shared_mem=self.smem_bwd,
                     cooperative=not self.cluster)
-        return dh
 
 
 def tile_split(B, H, D, tile, rows, itemsize):

@@ -187,11 +187,10 @@ def tile_launcher(src, sid, plan, backward, mod=None):
         fwd.gates[...] = cp.asarray(rng.uniform(0.1, 0.9, fwd.gates.shape), np.float32)
         saved = _passes.GruSaved(a.x, a.w_ih, a.w_hh, fwd.hs, fwd.gates, False)
         pas = _passes.BackwardPass(p["dy"], None, saved)
-        dh = cp.empty((pas.D, B, H), np.float32)
 
     def launch():
         # (the plan's arguments each launch: at grid scope fresh counters, counted from zero)
-        args = plan.backward_args(pas, dh) if backward else plan.forward_args(fwd)
+        args = plan.backward_args(pas) if backward else plan.forward_args(fwd)
         with _device.Loop(np.float32) as loop:
             loop.launch(kern, (plan.blocks, a.dims[4]), (plan.threads,), args,
                         shared_mem=smem, cooperative=not plan.cluster)
