@@ -1,4 +1,5 @@
-"""pytest-benchmark entry points: every case of bench/suite.py, ours and each baseline.
+"""pytest-benchmark entry points: every case of bench/cases.py and the GRU's shapes, ours and
+each baseline.
 
     pytest bench/ --benchmark-group-by=group
 

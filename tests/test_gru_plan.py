@@ -43,7 +43,7 @@ def _matrix(address, rows, cols, ld, dtype):
 
 
 class HostLoop:
-    """StepLoop's interface, computed with numpy on raw addresses."""
+    """_device.Loop's interface, computed with numpy on raw addresses."""
 
     def __init__(self, dtype, plain=False):
         self.dtype = np.dtype(dtype)

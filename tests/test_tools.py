@@ -42,3 +42,24 @@ def test_finding_kinds_groups_the_reports_by_kind_and_kernel():
 def test_finding_kinds_of_a_clean_run_is_empty():
     assert gpu_report.finding_kinds("========= COMPUTE-SANITIZER\n"
                                     "========= ERROR SUMMARY: 0 errors\n") == []
+
+
+def _tool(name):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        name)
+    spec = importlib.util.spec_from_file_location(name[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_tile_diagnostic_s_patches_still_apply_to_the_kernel_source():
+    """tools/gru_tile_diag.py patches gru_tile.cu's text in memory; each patch must still
+    find its text (it stops with an AssertionError where the kernel changed)."""
+    import cugru  # noqa: F401
+    from cukernels import runtime
+    diag = _tool("gru_tile_diag.py")
+    src = runtime.source("gru_tile.cu").text()
+    assert len(diag.variants(src)) == 6 and len(diag.grid_variants(src)) == 5
+    for marks in (diag.FORWARD_MARKS, diag.BACKWARD_MARKS):
+        assert diag.clock_source(src, marks).count("GRU_MARK(") == len(marks) + 1

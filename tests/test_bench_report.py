@@ -1,0 +1,34 @@
+"""The benchmarks' report writers on the CPU: no shape is dropped from a table or a geomean
+without saying so, and the call-cost table judges each goal."""
+from bench import calls, gru_report
+
+
+def test_auto_table_keeps_every_shape_and_names_what_a_geomean_leaves_out():
+    """A shape whose passes take different paths is timed as path='auto' itself and keeps
+    its row; a shape with a time missing stays in the table and is named under it."""
+    rows = [{"id": "A", "train": {"fast": 0.5, "steps": 2.0, "x": 1.0, "y": 0.25},
+             "infer": {"fast": 0.2, "steps": 1.0, "x": 0.1, "y": 0.4}, "auto": ["fast", "fast"]},
+            {"id": "B", "train": {"fast": 9.0, "steps": 4.0, "x": 8.0, "y": 4.0},
+             "infer": {"fast": 3.0, "steps": 2.0, "x": 4.0, "y": 1.0},
+             "auto": ["steps", "steps"]},
+            {"id": "C", "train": {"fast": 1.0, "steps": 1.0, "auto": 2.0, "x": 4.0},
+             "infer": {"fast": 1.0, "steps": 1.0, "auto": 1.0, "x": 1.0, "y": 1.0},
+             "auto": ["fast", "steps"]}]
+    lines = gru_report.auto_table(rows, ["x", "y"])
+    body = [ln for ln in lines if ln[:4] in ("| A ", "| B ", "| C ")]
+    assert body == ["| A | fast, fast | 0.500 | 2.00x | 0.50x | 0.200 | 0.50x | 2.00x |",
+                    "| B | steps, steps | 4.000 | 2.00x | 1.00x | 2.000 | 2.00x | 0.50x |",
+                    "| C | fast, steps | 2.000 | 2.00x | - | 1.000 | 1.00x | 1.00x |"]
+    geo = next(ln for ln in lines if ln.startswith("| geomean"))
+    assert "2.00x" in geo and "(2 of 3 shapes)" in geo
+    assert lines[-1] == "Left out of the geomeans: C train against y (no y time)."
+    assert "Below 1x against x: A inference 0.50x." in lines
+
+
+def test_call_table_judges_each_goal_and_shows_the_earlier_tree():
+    rows = [{"case": "a", "goal_us": 10.0, "ours_us": 8.0, "torch_us": 5.0},
+            {"case": "b", "goal_us": 10.0, "ours_us": 12.5, "torch_us": None}]
+    lines = calls.markdown(rows, [{"case": "a", "ours_us": 30.0}], "5b148a0")
+    assert lines[0].endswith("5b148a0 (µs) |")
+    assert lines[2] == "| a | 8.0 | 10 | yes | 5.0 | 30.0 |"
+    assert lines[3] == "| b | 12.5 | 10 | NO | - | - |"
