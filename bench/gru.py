@@ -244,11 +244,12 @@ def fast_limits(batches=(1, 64), h_max=16384):
     return out
 
 
-def _scope_limit(B, D, dtype, scope):
-    """Largest H that fast_plan runs at `scope` (block: one block per batch group)."""
+def _scope_limit(B, D, dtype, scope, h_max=320):
+    """Largest H up to h_max that fast_plan runs at `scope` (block: one block per batch
+    group; the tile kernels hold at most H = 256 at block and cluster scope)."""
     from cugru import plans
     best = 0
-    for H in range(1, 600):
+    for H in range(1, h_max + 1):
         plan = plans.fast_plan(B, H, D, dtype)
         if plan is not None and plan.scope == scope:
             best = H

@@ -357,16 +357,22 @@ def before(py, tree, label, out):
         result = os.path.join(out, "calls-before.json")
         env["PYTHONPATH"] = os.pathsep.join([tree, tmp])
         rc, _ = sh([py, "-m", "callbench.calls", "--json", result], log, env=env, timeout=400)
-        if os.path.exists(result):
-            with open(result) as f:
-                rows = json.load(f)
-            lines += ["", f"Cost of a call, {label} (bench/calls.py on its packages; "
-                      "this tree's is in the benchmarks above):", ""]
-            lines += [f"- {r['case']}: {r['ours_us']:.1f} µs (torch's call "
-                      + ("-" if r["torch_us"] is None else f"{r['torch_us']:.1f} µs") + ")"
-                      for r in rows]
+        now = os.path.join(out, "calls-now.json")
+        sh([py, "-m", "bench.calls", "--json", now], log, timeout=300)
+        if os.path.exists(result) and os.path.exists(now):
+            sys.path.insert(0, ROOT)
+            from bench import calls
+            with open(result) as f, open(now) as g:
+                old, new = json.load(f), json.load(g)
+            lines += ["", f"Cost of a call (bench/calls.py): {label} on its packages, then "
+                      "this tree, one after the other on this machine (the benchmarks "
+                      "measure this tree's again):", ""]
+            lines += calls.markdown(new, old, label)
         else:
-            lines.append(f"- The base tree's call costs failed (exit {rc}); see before-log.txt")
+            lines.append(f"- The call costs failed (exit {rc}); see before-log.txt")
+        for path in (result, now):
+            if os.path.exists(path):
+                os.remove(path)
     return lines
 
 
