@@ -326,6 +326,23 @@ print(json.dumps(time.perf_counter() - t0))
 """
 
 
+#: runs of each tree's call costs in the "before" phase, in turn
+ROUNDS = 3
+
+
+def median_rows(runs):
+    """bench/calls.py's rows, each number the median over the runs."""
+    import statistics
+    out = []
+    for rows in zip(*runs):
+        row = dict(rows[0])
+        for key in ("ours_us", "torch_us"):
+            vals = [r[key] for r in rows if r[key] is not None]
+            row[key] = statistics.median(vals) if vals else None
+        out.append(row)
+    return out
+
+
 def before(py, tree, label, out):
     """The base tree's first-use compile of the GRU's kernels (a fresh CuPy cache) and its
     cost of a call (bench/calls.py of this tree, run on the base tree's packages)."""
@@ -354,25 +371,30 @@ def before(py, tree, label, out):
                 open(os.path.join(pkg, name), "w").close()
             else:
                 shutil.copy(src, pkg)
-        result = os.path.join(out, "calls-before.json")
-        env["PYTHONPATH"] = os.pathsep.join([tree, tmp])
-        rc, _ = sh([py, "-m", "callbench.calls", "--json", result], log, env=env, timeout=400)
-        now = os.path.join(out, "calls-now.json")
-        sh([py, "-m", "bench.calls", "--json", now], log, timeout=300)
-        if os.path.exists(result) and os.path.exists(now):
+        # the two trees in turn, ROUNDS times each (a host's speed drifts within a run): the
+        # median of each call over the rounds
+        runs = {"base": [], "this": []}
+        rc = 0
+        for k in range(ROUNDS):
+            for which, cmd, env_k in (
+                    ("base", [py, "-m", "callbench.calls"],
+                     {**env, "PYTHONPATH": os.pathsep.join([tree, tmp])}),
+                    ("this", [py, "-m", "bench.calls"], {})):
+                result = os.path.join(tmp, f"calls-{which}-{k}.json")
+                rc, _ = sh(cmd + ["--json", result], log, env=env_k, timeout=300)
+                if os.path.exists(result):
+                    with open(result) as f:
+                        runs[which].append(json.load(f))
+        if runs["base"] and runs["this"]:
             sys.path.insert(0, ROOT)
             from bench import calls
-            with open(result) as f, open(now) as g:
-                old, new = json.load(f), json.load(g)
-            lines += ["", f"Cost of a call (bench/calls.py): {label} on its packages, then "
-                      "this tree, one after the other on this machine (the benchmarks "
-                      "measure this tree's again):", ""]
-            lines += calls.markdown(new, old, label)
+            lines += ["", f"Cost of a call (bench/calls.py): {label} on its packages and this "
+                      f"tree in turn, {len(runs['this'])} runs each on this machine, the median "
+                      "of each (the torch column: this tree's runs); the benchmarks measure "
+                      "this tree's again:", ""]
+            lines += calls.markdown(median_rows(runs["this"]), median_rows(runs["base"]), label)
         else:
             lines.append(f"- The call costs failed (exit {rc}); see before-log.txt")
-        for path in (result, now):
-            if os.path.exists(path):
-                os.remove(path)
     return lines
 
 
