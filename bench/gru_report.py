@@ -169,8 +169,10 @@ def markdown(rows, device, limits=None):
                                   for k in pieces) + f" | {floor:.1f} |")
     if limits:
         lines += ["", "### Fast path limits on this GPU", "",
-                  "Largest H for which cugru.gru.fast_plan finds a split (binary search up to "
-                  "16384; path='auto' also needs B*3H*H <= FAST_AUTO_MAX_WORK), with the scope "
+                  "Largest H for which cugru.plans.fast_plan finds a split (binary search up to "
+                  "16384; path='auto' also needs B*3H*H <= PERSIST_AUTO_MAX_WORK for the "
+                  "persist kernels and at most GRID_AUTO_MAX_WAVES waves at grid scope), with "
+                  "the scope "
                   "and block count there, and the largest H it runs at block and at cluster "
                   "scope.", "",
                   "| dtype | directions | B | largest H | scope there | blocks there | "

@@ -78,32 +78,12 @@ def _elements(shapes):
     return total
 
 
-#: the arrays a call returns, when they take at most this many bytes together, share one
-#: allocation (each a view at a 256-byte boundary of it): a small call costs its host time,
-#: and an allocation costs more than a view. A view keeps the whole allocation alive, which
-#: this bound keeps small.
-OUTPUT_GROUP_BYTES = 1 << 20
-_ALIGN = 256
-
-
 def outputs(dtype, *shapes):
-    """New arrays of `shapes` (C-contiguous), one allocation where they are small together
-    (OUTPUT_GROUP_BYTES), else one each."""
+    """New arrays of `shapes` for a call's results, one allocation each (measured: one
+    allocation shared by views was slower on the host, tools/call_variants.py)."""
     cp = cupy()
     dt = np.dtype(dtype)
-    per = _ALIGN // dt.itemsize
-    sizes, offsets, total = [], [], 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        sizes.append(n)
-        offsets.append(total)
-        total += -(-n // per) * per
-    if total * dt.itemsize > OUTPUT_GROUP_BYTES or len(shapes) == 1:
-        return tuple(cp.empty(s, dt) for s in shapes)
-    flat = cp.empty(total, dt)
-    return tuple(flat[o:o + n].reshape(s) for o, n, s in zip(offsets, sizes, shapes))
+    return tuple(cp.empty(s, dt) for s in shapes)
 
 
 def shared(kern, nbytes: int):
