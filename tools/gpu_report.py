@@ -327,7 +327,7 @@ print(json.dumps(time.perf_counter() - t0))
 
 
 #: runs of each tree's call costs in the "before" phase, in turn
-ROUNDS = 3
+ROUNDS = int(os.environ.get("CK_CALL_ROUNDS", "3"))
 
 
 def median_rows(runs):
