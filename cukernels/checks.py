@@ -50,12 +50,19 @@ def backend(**arrays):
     raise TypeError("no array arguments were given")
 
 
+_CP_FLAG = None       # whether cupy's ndarray shows its contiguity as an attribute
+
+
 def contiguous(a) -> bool:
-    """C-contiguity (a cupy array keeps it as an attribute; numpy's flags are computed)."""
-    try:
-        return a._c_contiguous
-    except AttributeError:
-        return a.flags.c_contiguous
+    """C-contiguity (a cupy array may keep it as an attribute; else its flags are made)."""
+    global _CP_FLAG
+    nd = _cupy_ndarray()
+    if nd is not None and type(a) is nd:
+        if _CP_FLAG is None:
+            _CP_FLAG = hasattr(nd, "_c_contiguous")
+        if _CP_FLAG:
+            return a._c_contiguous
+    return a.flags.c_contiguous
 
 
 def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
