@@ -80,7 +80,7 @@ def _elements(shapes):
 
 def outputs(dtype, *shapes):
     """New arrays of `shapes` for a call's results, one allocation each (measured: one
-    allocation shared by views was slower on the host, tools/call_variants.py)."""
+    allocation shared by views was slower on the host, tools/call_profile.py --variants)."""
     cp = cupy()
     dt = np.dtype(dtype)
     return tuple(cp.empty(s, dt) for s in shapes)

@@ -14,8 +14,6 @@ what they compute, apart from the benchmark's shapes S1 to S10.)
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import _catalog as cat
 from . import _device as dev
 from ._args import shaped_grads
@@ -43,7 +41,6 @@ class ForwardPass:
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates")
 
     def __init__(self, a):
-        cp = dev.cupy()
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -91,7 +88,7 @@ def forward(a, plan):
 
 def run_forward(p, h0, plan):
     """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n."""
-    T, B, I, H, D, S = p.T, p.B, p.I, p.H, p.D, p.S
+    T, B, I, D, S = p.T, p.B, p.I, p.D, p.S
     it, BH, G = p.dtype.itemsize, p.B * p.H, 3 * p.H
     hs = p.hs.data.ptr
     for d in range(D):

@@ -65,7 +65,6 @@ class StepsPlan:
 
     def forward_step(self, loop, p):
         """(product(s), pointwise(s)): the two calls of forward step s."""
-        cp = dev.cupy()
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
         gh, = dev.scratch("steps", p.dtype, (D, B, G))

@@ -25,6 +25,13 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, STEPS,  # noqa: 
                     tile_split)
 
 
+__all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
+           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "STEPS", "PersistPlan", "StepsPlan",
+           "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
+           "persist_split", "resident", "tile_rank", "tile_split", "forward",
+           "backward_recurrence", "backward_tail", "backward", "step_pieces"]
+
+
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True):
     """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None)."""
     return _passes.forward(forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional,
@@ -33,7 +40,9 @@ def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, trainin
 
 def backward_recurrence(dy, dh_n, saved, plan):
     """The backward pass's recurrence alone on `plan`: (the pass, with its gate gradients
-    dgi and dgh filled, for backward_tail; dh0)."""
+    dgi and dgh filled, for backward_tail; dh0). The gate gradients are temporaries kept for
+    reuse (cugru._device.scratch) where small: valid until the next backward pass of the
+    same shape on this stream and thread."""
     backward_args(dy, dh_n, saved)
     p = _passes.BackwardPass(dy, dh_n, saved)
     return p, _passes.run_recurrence(p, plan)

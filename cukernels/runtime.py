@@ -441,6 +441,21 @@ class Kernel:
         barrier across blocks."""
         buf, addrs, _ = _shared_block()
         self.pack_into(buf, args)
+        self._launch(grid, block, addrs, shared_mem, stream, cooperative)
+
+    def launch_values(self, grid, block, values, *, shared_mem=0, stream=None) -> None:
+        """Launch with `values` in the order of the parameters (pointers as int addresses),
+        for a caller whose order kernel(..., params=) has checked: no dictionary per call."""
+        buf, addrs, _ = _shared_block()
+        try:
+            self._struct.pack_into(buf, 0, *values)
+        except struct.error as e:
+            raise ValueError(f"{self.name}: the arguments do not fit the parameters "
+                             f"{self.names} ({e})") from None
+        self._launch(grid, block, addrs, shared_mem, stream, False)
+
+    def _launch(self, grid, block, addrs, shared_mem, stream, cooperative):
+        """cuLaunchKernel (or its cooperative form) on the packed parameter block at addrs."""
         cp = _CUPY or cupy_module()
         n = len(grid)
         gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
@@ -454,25 +469,6 @@ class Kernel:
         else:
             cp.cuda.driver.launchKernel(self.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream,
                                         addrs, 0)
-
-    def launch_values(self, grid, block, values, *, shared_mem=0, stream=None) -> None:
-        """Launch with `values` in the order of the parameters (pointers as int addresses),
-        for a caller whose order kernel(..., params=) has checked: no dictionary per call."""
-        buf, addrs, _ = _shared_block()
-        try:
-            self._struct.pack_into(buf, 0, *values)
-        except struct.error as e:
-            raise ValueError(f"{self.name}: the arguments do not fit the parameters "
-                             f"{self.names} ({e})") from None
-        cp = _CUPY or cupy_module()
-        n = len(grid)
-        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
-        n = len(block)
-        bx, by, bz = block[0], block[1] if n > 1 else 1, block[2] if n > 2 else 1
-        if stream is None:
-            stream = cp.cuda.get_current_stream().ptr
-        cp.cuda.driver.launchKernel(self.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream,
-                                    addrs, 0)
 
     def typed(self, args: Mapping) -> tuple:
         """The arguments as numpy scalars of each parameter's type, in order (pointers as

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cugru
-from cugru import _catalog, _device, _plan, oracle, plans
+from cugru import _device, _plan, oracle, plans
 from gru_cases import BENCH_SHAPES, NAMES, SHAPES, problem, torch_gru, weights
 
 pytestmark = pytest.mark.gpu

@@ -3,7 +3,6 @@ autograd's, its CLI and its --data checks give one-line errors naming the flag. 
 compares a GPU run's loss curve with the CPU run's."""
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest

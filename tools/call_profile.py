@@ -1,14 +1,21 @@
 """Where a call's host time goes: each call of bench/calls.py (tiny inputs, where a call
 costs its host time) run many times under cProfile, the functions that took the most time
-of their own first.
+of their own first. With --variants: A/B timings of the pieces a small call is made of, in
+one process, taken in turn (a host's speed drifts within a run), µs per operation, the
+median of rounds: which way to allocate, view and launch is cheaper on the host at hand.
 
     python tools/call_profile.py [--calls N] [--top K]
+    python tools/call_profile.py --variants [--rounds 7] [--calls 2000]
 """
 import argparse
 import cProfile
 import os
 import pstats
+import statistics
 import sys
+import time
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -18,7 +25,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--variants", action="store_true", help="A/B timings of a call's pieces")
+    ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)
+    if args.variants:
+        return variants(args)
     import cupy as cp
 
     from bench import calls
@@ -32,6 +43,63 @@ def main(argv=None):
         print(f"==== {name}: {args.calls} calls under cProfile")
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(args.top)
+
+
+
+def variants(args):
+    import cupy as cp
+
+    import cugru
+    import cukernels as ck
+    from cukernels import _launch, runtime
+    v = cp.random.default_rng(0).random(64, dtype=cp.float32)
+    out = cp.empty_like(v)
+    flat = cp.empty(4096, cp.float32)
+    k = runtime.kernel("activations.cu", "sigmoid_activation<float>", _launch.EW_PARAMS)
+    p = v.data.ptr
+    f32, i64, i32 = np.float32, np.int64, np.int32
+    x, h0 = (cp.asarray(np.full(s, 0.1, np.float32)) for s in ((1, 1, 1), (1, 1, 1)))
+    w = [cp.asarray(np.full(s, 0.1, np.float32)) for s in ((1, 3, 1), (1, 3, 1), (1, 3),
+                                                           (1, 3))]
+    dy = cp.asarray(np.full((1, 1, 1), 0.1, np.float32))
+
+    def gru_infer():
+        cugru.gru_forward(x, h0, *w, training=False)
+
+    def gru_train():
+        y, hn, s = cugru.gru_forward(x, h0, *w)
+        cugru.gru_backward(dy, None, s)
+
+    pieces = {
+        "cp.empty((64,), f32)": lambda: cp.empty((64,), cp.float32),
+        "flat[0:64].reshape((8, 8))": lambda: flat[0:64].reshape((8, 8)),
+        "flat[0:64] (a slice)": lambda: flat[0:64],
+        "packed launch (launch_values)": lambda: k.launch_values(
+            (1,), (256,), (p, p, p, out.data.ptr, 64, 1.0, 0.0, 0, True)),
+        "CuPy RawKernel call": lambda: k.raw((1,), (256,), (v, v, v, out, i64(64), f32(1.0),
+                                                             f32(0.0), i32(0), i32(1))),
+        "sigmoid_activation": lambda: ck.sigmoid_activation(v),
+        "cp.cuda.get_current_stream().ptr": lambda: cp.cuda.get_current_stream().ptr,
+        "gru_forward inference": gru_infer,
+        "GRU train step": gru_train,
+    }
+    times = {name: [] for name in pieces}
+    for fn in pieces.values():
+        for _ in range(50):
+            fn()
+    cp.cuda.Device().synchronize()
+    for _ in range(args.rounds):
+        for name, fn in pieces.items():
+            n = args.calls if "gru" not in name.lower() else args.calls // 4
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            cp.cuda.Device().synchronize()
+            times[name].append((time.perf_counter() - t0) / n * 1e6)
+    for name, ts in times.items():
+        print(f"{name:42s} {statistics.median(ts):7.2f} µs  (rounds: "
+              + " ".join(f"{t:.1f}" for t in ts) + ")")
+
 
 
 if __name__ == "__main__":
