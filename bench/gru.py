@@ -90,13 +90,15 @@ def fast_info(p, repeat=None):
         info = {"cluster": "-", "rows": f"{plan.rows_per_thread} per thread", "lanes": "-",
                 "threads": plans.PERSIST_THREADS, "packs": "-"}
     back = plans.fast_plan(B, H, D, np.float32, backward=True)
-    scope = plan.scope if back == plan else f"{plan.scope} (backward: {back.scope})"
+    scope = plan.scope if back == plan else \
+        f"{plan.scope} (backward: {back.scope if back else 'per step'})"
     info.update({"scope": scope, "blocks": plan.blocks * D, "units": plan.units,
                  "smem": max(plan.smem_fwd, plan.smem_bwd), "regs": regs,
                  "h_bytes_per_step": moved})
     if repeat:
         info["barrier_us"] = barrier_us(plan, D, repeat)
-        info["phases_ms"] = fast_phases(p, plan, back, repeat)
+        if back is not None:
+            info["phases_ms"] = fast_phases(p, plan, back, repeat)
     return info
 
 

@@ -155,7 +155,7 @@ def markdown(rows, device, limits=None):
               "measured µs/step = train step time / T (forward and backward of one step). "
               "Host µs/step = the Python issuing the train step, per step, GPU idle at the "
               "start. Each piece of a step is timed alone as host issue time / device time "
-              "(the device time with the host's issue time hidden, bench.suite.held_times_us); "
+              "(the device time with the host's issue time hidden, bench.timing.held_times_us); "
               "their device times add up to the per-step path's GPU floor.", "",
               "| id | measured µs/step | host µs/step | host µs/step, CuPy launch | "
               + " | ".join(f"{k}: host / device" for k in pieces) + " | device floor µs/step |",

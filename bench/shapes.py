@@ -37,7 +37,3 @@ def make_problem(T, B, I, H, bi, seed=0, dtype=np.float32):
                 w_ih=u(D, 3 * H, I), w_hh=u(D, 3 * H, H), b_ih=u(D, 3 * H), b_hh=u(D, 3 * H),
                 dy=rng.standard_normal((T, B, D * H)).astype(dtype), bi=bi)
 
-
-def problem_of(sid, **kw):
-    """make_problem for a shape id of SHAPES."""
-    return make_problem(*SHAPES[sid], **kw)

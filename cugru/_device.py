@@ -17,8 +17,9 @@ from cukernels import runtime
 
 from . import _catalog  # noqa: F401  (registers the GRU's kernel sources)
 
-#: launch through CuPy's RawKernel call instead of the packed launch (slower on the host;
-#: the reference that the packed launch is tested and timed against)
+#: launch the per-step path's kernels (Loop.kernel) through CuPy's RawKernel call instead of
+#: the packed launch (slower on the host; the reference that the packed launch is tested and
+#: timed against)
 PLAIN_LAUNCH = False
 
 
@@ -46,6 +47,13 @@ SCRATCH_BYTES = 1 << 22
 #: at most this many temporaries are kept (the least recently used go first)
 SCRATCH_ENTRIES = 64
 _SCRATCH: dict = {}
+_SCRATCH_LOCK = threading.Lock()
+
+
+def clear_scratch() -> None:
+    """Drop the kept temporaries (their memory goes back to CuPy's pool)."""
+    with _SCRATCH_LOCK:
+        _SCRATCH.clear()
 
 
 def scratch(name, dtype, *shapes):
@@ -59,12 +67,13 @@ def scratch(name, dtype, *shapes):
         return tuple(cp.empty(s, dt) for s in shapes)
     key = (name, shapes, dt.char, cp.cuda.runtime.getDevice(),
            cp.cuda.get_current_stream().ptr, threading.get_ident())
-    arrays = _SCRATCH.pop(key, None)
-    if arrays is None:
-        arrays = outputs(dt, *shapes)
-        while len(_SCRATCH) >= SCRATCH_ENTRIES:
-            _SCRATCH.pop(next(iter(_SCRATCH)))
-    _SCRATCH[key] = arrays      # (most recently used last)
+    with _SCRATCH_LOCK:
+        arrays = _SCRATCH.pop(key, None)
+        if arrays is None:
+            arrays = outputs(dt, *shapes)
+            while len(_SCRATCH) >= SCRATCH_ENTRIES:
+                _SCRATCH.pop(next(iter(_SCRATCH)))
+        _SCRATCH[key] = arrays      # (most recently used last)
     return arrays
 
 
@@ -146,7 +155,9 @@ def ones(n: int, dtype):
     key = (n, np.dtype(dtype).char, cp.cuda.runtime.getDevice())
     vec = _ONES.get(key)
     if vec is None:
-        vec = _ONES[key] = cp.ones(n, dtype)
+        vec = cp.ones(n, dtype)
+        cp.cuda.get_current_stream().synchronize()   # (filled before any stream reads it)
+        _ONES[key] = vec
     return vec
 
 

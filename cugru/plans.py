@@ -74,10 +74,11 @@ def step_pieces(T, B, I, H, D, dtype=np.float32, seed=1):
     fwd.gates[...] = cp.asarray(rng.uniform(0.1, 0.9, (D, T, B, 4 * H)).astype(dt))
     saved = _passes.GruSaved(a.x, a.w_ih, a.w_hh, fwd.hs, fwd.gates, False)
     bwd = _passes.BackwardPass(r(T, B, D * H), None, saved)
-    loop = _device.Loop(dt)
+    loop = _device.Loop(dt)      # (its pointer mode stays host, cuBLAS' default)
     f_product, f_pointwise = STEPS.forward_step(loop, fwd)
     b_pointwise, b_product, _ = STEPS.backward_step(loop, bwd)
-    return {"recurrent GEMM (forward)": lambda: f_product(1),
-            "pointwise (forward)": lambda: f_pointwise(1),
-            "pointwise (backward, gate gradients)": lambda: b_pointwise(1),
-            "recurrent GEMM (backward)": lambda: b_product(1)}
+    keep = (a, fwd, bwd, saved, loop)     # the calls hold raw addresses of these buffers
+    return {"recurrent GEMM (forward)": lambda _k=keep: f_product(1),
+            "pointwise (forward)": lambda _k=keep: f_pointwise(1),
+            "pointwise (backward, gate gradients)": lambda _k=keep: b_pointwise(1),
+            "recurrent GEMM (backward)": lambda _k=keep: b_product(1)}

@@ -158,13 +158,6 @@ def flag(name, v):
     raise TypeError(f"{name} must be True or False, got {v!r}")
 
 
-def choice(name, v, allowed):
-    """One of `allowed` (a tuple of strings)."""
-    if v not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {v!r}")
-    return v
-
-
 def variant_of(variant):
     if variant != "standard" and variant != "book":
         raise ValueError(f"variant must be 'standard' or 'book', got {variant!r}")

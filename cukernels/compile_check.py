@@ -170,6 +170,10 @@ def main(argv=None) -> int:
         found = load_sources(["cukernels"] + args.package)
     except ImportError as e:
         ap.error(f"--package: {e}")
+    if not runtime.declared_packages() and not args.package:
+        print("compile check: no installed package declares kernel sources (entry points "
+              "'cukernels.kernel_sources': is this checkout installed, pip install -e .?); "
+              "checking cukernels' own; --package NAME adds another's")
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for arch in archs:

@@ -152,6 +152,12 @@ def source(name: str) -> Source:
         raise KeyError(f"no kernel source {name} is registered") from None
 
 
+def declared_packages() -> list:
+    """The modules that installed distributions declare as registering kernel sources."""
+    from importlib import metadata
+    return [ep.value for ep in metadata.entry_points(group="cukernels.kernel_sources")]
+
+
 def discover() -> dict[str, Source]:
     """Import every package that declares kernel sources (entry-point group
     ``cukernels.kernel_sources`` of the installed distributions), then return them all."""
@@ -331,8 +337,6 @@ class Device:
     sms: int
     smem_optin: int
     cc: int
-    clock_khz: int
-    name: str
 
 
 _DEVICES: dict = {}
@@ -344,12 +348,11 @@ def device(device_id: int | None = None) -> Device:
         device_id = cp.cuda.runtime.getDevice()
     d = _DEVICES.get(device_id)
     if d is None:
-        props = cp.cuda.runtime.getDeviceProperties(device_id)
-        attrs = cp.cuda.Device(device_id).attributes
+        dev = cp.cuda.Device(device_id)
+        attrs = dev.attributes
         d = _DEVICES[device_id] = Device(
             device_id, attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"],
-            int(props["major"]) * 10 + int(props["minor"]), int(props["clockRate"]),
-            props["name"].decode())
+            int(dev.compute_capability))
     return d
 
 

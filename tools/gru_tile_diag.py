@@ -98,6 +98,8 @@ def main(argv):
             if plan is None or not plan.cluster:
                 raise SystemExit(f"{arg}: that tile kernel does not hold {sid} at block or "
                                  "cluster scope")
+        if not isinstance(plan, plans.TilePlan):
+            raise SystemExit(f"{arg}: {sid} runs no tile kernel on this GPU ({plan})")
         print(sid, plan, file=sys.stderr)
         from cugru import _catalog
         for label, src in (variants if plan.cluster else grid_variants)(src0).items():
