@@ -609,3 +609,10 @@ def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
     assert plans.resident(grid, 2, 4).blocks == 2 * 32
     block = plans.tile_split(64, 64, 1, (1, 4, 1, 256, 1), 1, 4)
     assert plans.resident(block, 1, 0) is block
+
+
+def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
+    """_device.clear_scratch empties the set of kept temporaries (their memory goes back)."""
+    monkeypatch.setattr(_device, "_SCRATCH", {("gi", (1,), "f", 0, 0, 1): (np.zeros(1),)})
+    _device.clear_scratch()
+    assert _device._SCRATCH == {}
