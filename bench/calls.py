@@ -10,8 +10,6 @@ there (the "before" column of the report).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import numpy as np
@@ -118,16 +116,7 @@ def markdown(rows, before=None, before_label="before"):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None, help="write the measurements to this file")
-    ap.add_argument("--repeat", type=int, default=200, help="calls per timed run")
-    args = ap.parse_args(argv)
-    rows = measure(args.repeat)
-    print("\n".join(markdown(rows)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return timing.table_main(__doc__, measure, markdown, argv, repeat=200)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,23 @@ def copy_bandwidth_gbs():
     return 2 * src.nbytes / us / 1e3
 
 
+def table_main(doc, measure, markdown, argv=None, repeat=200):
+    """The command line of a benchmark module: measure (calls per timed run: --repeat), print
+    its markdown table, and with --json write the rows to a file."""
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the measurements to this file")
+    ap.add_argument("--repeat", type=int, default=repeat, help="calls per timed run")
+    args = ap.parse_args(argv)
+    rows = measure(args.repeat)
+    print("\n".join(markdown(rows)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
 def geomean(values):
     values = [v for v in values if v]
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")

@@ -15,8 +15,9 @@ from .saved import GruSaved
 
 _INT_MAX = 2**31 - 1
 #: the GPU paths: "auto" (the fastest plan for the shape), "fast" (a persistent plan, or an
-#: error), "steps" (one launch per step); numpy arrays run the oracle whatever the path
-PATHS = ("auto", "fast", "steps")
+#: error), "steps" (one launch per step), "small" (a whole pass in one launch, small shapes
+#: only, or an error); numpy arrays run the oracle whatever the path
+PATHS = ("auto", "fast", "steps", "small")
 
 
 class ForwardArgs(NamedTuple):

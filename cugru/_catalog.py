@@ -6,6 +6,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_persist.cu  W_hh in shared memory, a cooperative grid    (PersistPlan)
     gru_tile.cu     W_hh in registers: block, cluster, grid      (TilePlan)
     gru_tail.cu     the backward tail's chunk sums               (every backward pass)
+    gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
     gru_probes.cu   barriers alone, for the benchmark
 
 Each family compiles as one module per element type, the first time one of its kernels
@@ -28,6 +29,8 @@ _BOOL = ("false", "true")
 
 #: threads per block of the per-step pointwise kernels
 STEP_THREADS = 256
+#: threads of the small path's one block
+SMALL_THREADS = 256
 #: threads per block of the persist kernels (GRU_PERSIST_THREADS)
 PERSIST_THREADS = 256
 #: batch rows per thread that the persist kernels are built for, per element size (double
@@ -66,6 +69,7 @@ DEFINES = {
     "gru_persist.cu": ("PERSIST_THREADS",),
     "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES"),
     "gru_tail.cu": (),
+    "gru_small.cu": (),
     "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
 }
 
@@ -83,6 +87,16 @@ def step_forward(ctype, train):
 @functools.lru_cache(maxsize=None)
 def step_backward(ctype):
     return f"gru_backward_step<{ctype}>"
+
+
+@functools.lru_cache(maxsize=None)
+def small_forward(ctype, train):
+    return f"gru_small_forward<{ctype},{_BOOL[bool(train)]}>"
+
+
+@functools.lru_cache(maxsize=None)
+def small_backward(ctype):
+    return f"gru_small_backward<{ctype}>"
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,6 +176,8 @@ INSTANCES = {
                                                   persist_backward(c, r))) for c in CTYPES},
     "gru_tile.cu": lambda: _tile_instances()[0],
     "gru_tail.cu": lambda: {c: (sum_chunks(c),) for c in CTYPES},
+    "gru_small.cu": lambda: {c: (small_forward(c, False), small_forward(c, True),
+                                 small_backward(c)) for c in CTYPES},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)
                               + (COUNTER_BARRIER_PROBE,)},
 }

@@ -36,35 +36,41 @@ WGRAD_PARTIAL_DGI = 1
 class ForwardPass:
     """The buffers of a forward pass (gru_common.cuh has their layouts). S = T + 1 slots of
     hs when training (every state kept for backward), else 2 (ping-pong); gates is None
-    without training."""
-    __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "w_ih",
+    without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
+    hs without training (the plan keeps the states itself)."""
+    __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates")
 
-    def __init__(self, a):
+    def __init__(self, a, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
         self.training = a.training
-        self.x, self.w_ih, self.w_hh, self.b_ih, self.b_hh = a.x, a.w_ih, a.w_hh, a.b_ih, a.b_hh
+        self.x, self.h0, self.w_ih, self.w_hh = a.x, a.h0, a.w_ih, a.w_hh
+        self.b_ih, self.b_hh = a.b_ih, a.b_hh
         self.S = S = T + 1 if a.training else 2
+        self.gi = self.hs = self.gates = None
         # (training: hs and gates are the saved history; else hs is a temporary)
         if a.training:
-            self.gi, = dev.scratch("forward", dt, (T, B, D, 3 * H))
+            if not whole:
+                self.gi, = dev.scratch("forward", dt, (T, B, D, 3 * H))
             self.y, self.h_n, self.hs, self.gates = dev.outputs(
                 dt, (T, B, D * H), (D, B, H), (D, S, B, H), (D, T, B, 4 * H))
         else:
-            self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
+            if not whole:
+                self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
             self.y, self.h_n = dev.outputs(dt, (T, B, D * H), (D, B, H))
-            self.gates = None
 
 
 class BackwardPass:
     """The buffers of a backward pass: the history, the gate gradients (temporaries), and
-    the results: dx, dh0 and the weight gradients (one flat buffer, grads)."""
+    the results: dx, dh0 and the weight gradients, in one flat buffer (grads) that the tail
+    fills, or for a plan that runs the whole pass (`whole`) four arrays of the weights'
+    shapes as given (dw: dw_ih, dw_hh, db_ih, db_hh; no views to make)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
-                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads")
+                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw")
 
-    def __init__(self, dy, dh_n, saved):
+    def __init__(self, dy, dh_n, saved, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
         self.dtype = dt = dy.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -73,21 +79,33 @@ class BackwardPass:
         self.hs, self.gates = saved.hs, saved.gates
         G = 3 * H
         self.dgi, self.dgh = dev.scratch("backward", dt, (T, B, D, G), (D, T, B, G))
-        self.dx, self.dh0, self.grads = dev.outputs(dt, (T, B, I), (D, B, H),
-                                                    (D * G * (I + H + 2),))
+        if whole:
+            lead = () if saved.squeeze else (D,)
+            self.dx, self.dh0, *dw = dev.outputs(dt, (T, B, I), (D, B, H), lead + (G, I),
+                                                 lead + (G, H), lead + (G,), lead + (G,))
+            self.dw, self.grads = tuple(dw), None
+        else:
+            self.dx, self.dh0, self.grads = dev.outputs(dt, (T, B, I), (D, B, H),
+                                                        (D * G * (I + H + 2),))
+            self.dw = None
 
 
 def forward(a, plan):
     """The forward pass of checked arguments `a` (cugru._args.ForwardArgs) on `plan`:
     (y, h_n, GruSaved or None)."""
-    p = ForwardPass(a)
+    p = ForwardPass(a, plan.whole_pass)
     run_forward(p, a.h0, plan)
     saved = GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze) if a.training else None
     return p.y, p.h_n, saved
 
 
 def run_forward(p, h0, plan):
-    """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n."""
+    """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n
+    (or all of it in the plan, for a plan that runs the whole pass)."""
+    if plan.whole_pass:
+        with dev.Loop(p.dtype) as loop:
+            plan.forward(loop, p)
+        return
     T, B, I, D, S = p.T, p.B, p.I, p.D, p.S
     it, BH, G = p.dtype.itemsize, p.B * p.H, 3 * p.H
     hs = p.hs.data.ptr
@@ -109,9 +127,11 @@ def run_forward(p, h0, plan):
 
 def backward(dy, dh_n, saved, plan):
     """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
-    p = BackwardPass(dy, dh_n, saved)
+    p = BackwardPass(dy, dh_n, saved, plan.whole_pass)
     with dev.Loop(p.dtype) as loop:
         plan.backward(loop, p)
+        if plan.whole_pass:
+            return (p.dx, p.dh0) + p.dw
         dx, dw_ih, dw_hh, db_ih, db_hh = tail(p, loop)
     return (dx, p.dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
 

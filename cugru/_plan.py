@@ -12,10 +12,16 @@ another plan than the forward pass did.
     TilePlan     one launch per pass; each thread keeps a tile of W_hh in registers; a group
                  of batch rows runs on one block, a thread-block cluster, or a group of
                  blocks meeting at a counter ("grid" scope) (gru_tile.cu)
+    SmallPlan    the whole pass (input projection or gradient tail included) in one launch
+                 of one block, for shapes where a call costs its launches (gru_small.cu)
 
-``choose(path, B, H, D, dtype, backward)`` gives the plan a call runs: for path="auto" a
-TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats the
-per-step path, else STEPS.
+The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
+runs the whole pass (``whole_pass``).
+
+``choose(path, B, H, D, dtype, backward, T, I)`` gives the plan a call runs: for
+path="auto" SMALL where the shape is small enough (``small_takes``), else a TilePlan or
+PersistPlan where ``fast_plan`` finds one and the limits below say it beats the per-step
+path, else STEPS.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class StepsPlan:
     and one pointwise launch (grid axis y = direction)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
+    whole_pass = False      # (the passes project the input and run the tail around it)
 
     @staticmethod
     def grid(B, H, D):
@@ -122,6 +129,91 @@ class StepsPlan:
 STEPS = StepsPlan()
 
 
+# ----------------------------------------------------------------------------------- small
+#: the small path holds at most this many units (D*B*H) of a step: its one block keeps them in
+#: shared memory (backward: 4 elements a unit, 32 KiB in double, within the default 48 KiB)
+SMALL_MAX_UNITS = 1024
+#: path="auto" takes the small path while the longest chain of work one thread of its block
+#: does in a pass (``small_chain``, in multiply-adds) stays at most this: then the whole
+#: pass takes about as long on the GPU as the host takes to issue the launches it replaces
+SMALL_AUTO_MAX_CHAIN = 2048
+#: the small forward kernel splits each unit's products over L lanes (the fewest powers of
+#: two, up to 32, that cover I and H), halved while its block would take more than this many
+#: turns over a step's units
+SMALL_MAX_TURNS = 16
+
+
+@dataclass(frozen=True)
+class SmallPlan:
+    """The small path: each pass is one launch of one block of SMALL_THREADS threads
+    (gru_small.cu), the input projection, h0 and h_n (forward) and the whole tail (backward)
+    included: no cuBLAS call, no copy. For D*B*H <= SMALL_MAX_UNITS."""
+    scope = "small"
+    writes_h_n = True
+    whole_pass = True
+
+    @staticmethod
+    def fits(B, H, D):
+        return D * B * H <= SMALL_MAX_UNITS
+
+    def forward(self, loop, p):
+        """Fills p.y and p.h_n, and with training p.hs and p.gates (from p.x and p.h0)."""
+        units = p.D * p.B * p.H
+        loop.launch(dev.kernel("gru_small.cu", cat.small_forward(p.ctype, p.training)), (1,),
+                    (cat.SMALL_THREADS,),
+                    {"x": p.x, "h0": p.h0, "w_ih": p.w_ih, "w_hh": p.w_hh, "b_ih": p.b_ih,
+                     "b_hh": p.b_hh, "hs": p.hs, "y": p.y, "gates": p.gates, "h_n": p.h_n,
+                     "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D,
+                     "L": small_lanes(p.I, p.H, units)},
+                    shared_mem=2 * units * p.dtype.itemsize)
+
+    def backward(self, loop, p):
+        """Fills p.dgi, p.dgh, p.dh0, p.dx and the gradients p.dw."""
+        units = p.D * p.B * p.H
+        dw_ih, dw_hh, db_ih, db_hh = p.dw
+        loop.launch(dev.kernel("gru_small.cu", cat.small_backward(p.ctype)), (1,),
+                    (cat.SMALL_THREADS,),
+                    {"dy": p.dy, "dh_n": p.dh_n, "x": p.x, "w_ih": p.w_ih, "w_hh": p.w_hh,
+                     "gates": p.gates, "hs": p.hs, "dgi": p.dgi, "dgh": p.dgh, "dx": p.dx,
+                     "dh0": p.dh0, "dw_ih": dw_ih, "dw_hh": dw_hh, "db_ih": db_ih,
+                     "db_hh": db_hh, "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D},
+                    shared_mem=4 * units * p.dtype.itemsize)
+
+
+SMALL = SmallPlan()
+
+
+@functools.lru_cache(maxsize=1024)
+def small_lanes(I, H, units):
+    """Lanes per unit of the small forward kernel (see SMALL_MAX_TURNS)."""
+    lanes = 1
+    while lanes < 32 and lanes < max(I, H):
+        lanes *= 2
+    while lanes > 1 and units * lanes > SMALL_MAX_TURNS * cat.SMALL_THREADS:
+        lanes //= 2
+    return lanes
+
+
+def small_chain(T, B, I, H, D):
+    """The longest chain of dependent work one thread of the small path's block does in a
+    pass, in multiply-adds (a shuffle counted as one): forward, T steps of its turns over
+    the units, each ceil(I/L) + ceil(H/L) products and log2(L) shuffles; backward, T steps
+    of 3H per unit it takes, then its share of the tail's sums (T*B*I + D*3H*(I + H + 2) of
+    them, each over D*3H or T*B terms)."""
+    units, nt = D * B * H, cat.SMALL_THREADS
+    lanes = small_lanes(I, H, units)
+    turns = -(-units // (nt // lanes))
+    forward = T * turns * (-(-I // lanes) + -(-H // lanes) + lanes.bit_length() - 1)
+    tail = -(-(T * B * I + D * 3 * H * (I + H + 2)) // nt) * max(T * B, D * 3 * H)
+    return max(forward, T * -(-units // nt) * 3 * H + tail)
+
+
+@functools.lru_cache(maxsize=1024)
+def small_takes(T, B, I, H, D):
+    """Whether path="auto" runs the small path on this shape."""
+    return SMALL.fits(B, H, D) and small_chain(T, B, I, H, D) <= SMALL_AUTO_MAX_CHAIN
+
+
 # --------------------------------------------------------------------------------- persist
 @dataclass(frozen=True)
 class PersistPlan:
@@ -138,6 +230,7 @@ class PersistPlan:
     smem_fwd: int
     smem_bwd: int
     writes_h_n = False
+    whole_pass = False
 
     @property
     def scope(self):
@@ -244,6 +337,7 @@ class TilePlan:
     group_blocks: int = 0
     slots: int = 0
     writes_h_n = True
+    whole_pass = False
 
     @property
     def scope(self):
@@ -458,8 +552,15 @@ def auto_takes(plan, B, H):
 _CHOSEN: dict = {}
 
 
-def choose(path, B, H, D, dtype, backward=False):
-    """The plan a call runs (a checked `path`): STEPS, or a persistent plan."""
+def choose(path, B, H, D, dtype, backward=False, T=0, I=0):
+    """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
+    T and I (the sequence length and input size), path="auto" leaves the small path out."""
+    if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D)):
+        if not SMALL.fits(B, H, D):
+            raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
+                             f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
+                             "use path='auto'")
+        return SMALL
     key = (path, B, H, D, dtype.char, dev.device().id, backward)
     plan = _CHOSEN.get(key)
     if plan is None:

@@ -24,14 +24,15 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     Returns y (T, B, D*H) (direction 0 in the first H columns), h_n (D, B, H) and `saved`
     (a GruSaved for gru_backward; None when training=False, which keeps no history).
     path (GPU): "auto" (the fastest plan for the shape), "fast" (a persistent plan, or a
-    ValueError where none fits), "steps" (one launch per step).
+    ValueError where none fits), "steps" (one launch per step), "small" (the whole pass in
+    one launch of one block; a ValueError where D*B*H > 1024).
     """
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
     check_path(path)
     if a.xp is np:
         return oracle.forward(a)
     T, B, I, H, D = a.dims
-    return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype))
+    return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype, False, T, I))
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):
@@ -46,4 +47,4 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     xp, (T, B, I, H, D) = backward_args(dy, dh_n, saved)
     if xp is np:
         return oracle.backward(dy, dh_n, saved)
-    return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True))
+    return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True, T, I))

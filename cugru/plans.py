@@ -2,7 +2,7 @@
 kernels and geometry, and its passes run one by one.
 
     from cugru import plans
-    plan = plans.choose("auto", B, H, D, np.dtype(np.float32))      # what a call runs
+    plan = plans.choose("auto", B, H, D, np.dtype(np.float32), T=T, I=I)  # what a call runs
     y, h_n, saved = plans.forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, training=True)
     p, dh0 = plans.backward_recurrence(dy, None, saved, plans.fast_plan(B, H, D, dtype, True))
     dx, dw_ih, dw_hh, db_ih, db_hh = plans.backward_tail(p)
@@ -19,14 +19,17 @@ from . import _device, _passes
 from ._args import backward_args, forward_args
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
                        TILES, tile_runs_on)
-from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, STEPS,  # noqa: F401
-                    PersistPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan,
-                    groups_at_once, persist_cost, persist_split, resident, tile_rank,
-                    tile_split)
+from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
+                    SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, SmallPlan,
+                    StepsPlan, TilePlan, auto_takes, choose, fast_plan, groups_at_once,
+                    persist_cost, persist_split, resident, small_chain, small_takes,
+                    tile_rank, tile_split)
 
 
 __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
-           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "STEPS", "PersistPlan", "StepsPlan",
+           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "SMALL", "SMALL_AUTO_MAX_CHAIN",
+           "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan", "small_chain", "small_takes",
+           "StepsPlan",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "forward",
            "backward_recurrence", "backward_tail", "backward", "step_pieces"]
@@ -43,6 +46,9 @@ def backward_recurrence(dy, dh_n, saved, plan):
     dgi and dgh filled, for backward_tail; dh0). The gate gradients are temporaries kept for
     reuse (cugru._device.scratch) where small: valid until the next backward pass of the
     same shape on this stream and thread."""
+    if plan.whole_pass:
+        raise ValueError(f"the {plan.scope} plan runs the whole backward pass in one launch; "
+                         "use plans.backward")
     backward_args(dy, dh_n, saved)
     p = _passes.BackwardPass(dy, dh_n, saved)
     return p, _passes.run_recurrence(p, plan)

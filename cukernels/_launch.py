@@ -62,8 +62,11 @@ def grid_for(work: int, threads: int = 256, capped: bool = True) -> int:
     return max(1, min(blocks, cap))
 
 
+_EW_ITEMS = EW_PACKS_PER_THREAD * EW_THREADS
+
+
 def _ew_grid(work):
-    return max(1, min(-(-work // (EW_PACKS_PER_THREAD * EW_THREADS)), 2**31 - 1))
+    return max(1, min(-(-work // _EW_ITEMS), 2**31 - 1))
 
 
 #: the parameters of activations.cu's and losses.cu's kernels, and of optim.cu's, in order:
@@ -82,9 +85,22 @@ def launch_elementwise(source, name, inputs, out, a=0.0, b=0.0, code=0):
     po = out.data.ptr
     vec = not (p0 | p1 | p2 | po) & 15          # every array on a 16-byte boundary
     n = out.size
-    runtime.kernel(source, name, EW_PARAMS).launch_values(
-        (_ew_grid(n // (16 // out.itemsize) if vec else n),), (EW_THREADS,),
+    runtime.kernel(source, name, EW_PARAMS).launch_1d(
+        _ew_grid(n // (16 // out.itemsize) if vec else n), EW_THREADS,
         (p0, p1, p2, po, n, a, b, code, vec))
+    return out
+
+
+def launch_unary(source, name, x, a, b):
+    """launch_elementwise of one input into a new array: the common call, with the least
+    host work."""
+    out = runtime.cupy_module().empty(x.shape, x.dtype)
+    p, po = x.data.ptr, out.data.ptr
+    vec = not (p | po) & 15
+    n = x.size
+    runtime.kernel(source, name, EW_PARAMS).launch_1d(
+        _ew_grid(n // (16 // x.itemsize) if vec else n), EW_THREADS,
+        (p, p, p, po, n, a, b, 0, vec))
     return out
 
 
@@ -96,8 +112,8 @@ def launch_update(kernel_name, D, w, s1, s2, batch, lr, beta1, beta2, l1, l2, ep
     p2 = s2.data.ptr if s2 is not None else pw
     vec = not (pd | pw | p1 | p2) & 15
     n = w.size
-    runtime.kernel("optim.cu", kernel_name, UPDATE_PARAMS).launch_values(
-        (_ew_grid(n // (16 // w.itemsize) if vec else n),), (EW_THREADS,),
+    runtime.kernel("optim.cu", kernel_name, UPDATE_PARAMS).launch_1d(
+        _ew_grid(n // (16 // w.itemsize) if vec else n), EW_THREADS,
         (pd, pw, p1, p2, n, batch, lr, beta1, beta2, l1, l2, eps, c1, c2, vec))
 
 

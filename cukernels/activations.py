@@ -39,8 +39,24 @@ _launch.register("softmax.cu", _softmax_instances)
 _NAMES = {(k, c): f"{k}<{c}>" for k in ELEMENTWISE_KERNELS for c in _launch.CTYPES}
 
 
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+#: the magnitude a plain float scalar stays below to skip checks.real (float32's overflow
+#: bound; checks.real decides every other case, float64's larger values included)
+_PLAIN_LIMIT = checks.F32_OVERFLOW
+
+
 def _elementwise(name, arrays, scalars, out):
     """Validate and run one elementwise function; `arrays` is an ordered name -> array dict."""
+    if out is None and len(arrays) == 1:
+        # the common call first, with the least host work: one C-contiguous cupy array of
+        # float32 or float64, no `out`, plain float scalars that need no rounding check
+        x, = arrays.values()
+        if checks.gpu_array(x) and x._c_contiguous and x.ndim and x.size:
+            ct = _CTYPE.get(x.dtype)
+            a, b = scalars.get("a", 0.0), scalars.get("b", 0.0)
+            if (ct is not None and type(a) is float and type(b) is float
+                    and -_PLAIN_LIMIT < a < _PLAIN_LIMIT and -_PLAIN_LIMIT < b < _PLAIN_LIMIT):
+                return _launch.launch_unary("activations.cu", _NAMES[name, ct], x, a, b)
     (ref_name, ref), *rest = arrays.items()
     xp = checks.backend(**arrays, out=out)
     dt = checks.check_array(ref_name, ref, ndim=_ANY)
@@ -54,9 +70,8 @@ def _elementwise(name, arrays, scalars, out):
         return getattr(oracle, name)(*arrays.values(), *([a] if "a" in scalars else []),
                                      *([b] if "b" in scalars else []), out=out)
     result = out if out is not None else xp.empty(ref.shape, dt)
-    return _launch.launch_elementwise(
-        "activations.cu", _NAMES[name, "float" if dt == np.float32 else "double"],
-        tuple(arrays.values()), result, a=a, b=b)
+    return _launch.launch_elementwise("activations.cu", _NAMES[name, _CTYPE[dt]],
+                                      tuple(arrays.values()), result, a=a, b=b)
 
 
 def line_activation(inputs, a=1.0, b=0.0, *, out=None):

@@ -19,14 +19,22 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _NDARRAY = np.ndarray
 
 
+_CP_ND = False      # cupy's ndarray type once looked up (None where cupy is missing)
+_CP_FLAT = None     # that type when it keeps its C-contiguity as an attribute, else None
+
+
 def _cupy_ndarray():
-    cp = runtime.cupy_module()
-    return cp.ndarray if cp is not None else None
+    global _CP_ND, _CP_FLAT
+    if _CP_ND is False:
+        cp = runtime.cupy_module()
+        _CP_ND = cp.ndarray if cp is not None else None
+        _CP_FLAT = _CP_ND if hasattr(_CP_ND, "_c_contiguous") else None
+    return _CP_ND
 
 
 def backend(**arrays):
     """numpy or cupy, from the arrays given (None entries are skipped); mixed is a TypeError."""
-    nd = _cupy_ndarray()
+    nd = _CP_ND if _CP_ND is not False else _cupy_ndarray()
     on_cpu = on_gpu = None
     for name, a in arrays.items():
         t = type(a)
@@ -50,19 +58,19 @@ def backend(**arrays):
     raise TypeError("no array arguments were given")
 
 
-_CP_FLAG = None       # whether cupy's ndarray shows its contiguity as an attribute
-
-
 def contiguous(a) -> bool:
-    """C-contiguity (a cupy array may keep it as an attribute; else its flags are made)."""
-    global _CP_FLAG
-    nd = _cupy_ndarray()
-    if nd is not None and type(a) is nd:
-        if _CP_FLAG is None:
-            _CP_FLAG = hasattr(nd, "_c_contiguous")
-        if _CP_FLAG:
-            return a._c_contiguous
+    """C-contiguity (a cupy array keeps it as an attribute; else its flags are made)."""
+    if type(a) is _CP_FLAT:
+        return a._c_contiguous
     return a.flags.c_contiguous
+
+
+def gpu_array(a) -> bool:
+    """Whether `a` is a plain cupy array whose C-contiguity is its attribute
+    ``_c_contiguous`` (the arrays that the calls' fast paths take)."""
+    if _CP_ND is False:
+        _cupy_ndarray()
+    return _CP_FLAT is not None and type(a) is _CP_FLAT
 
 
 def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
@@ -92,9 +100,10 @@ def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, 
 def check_same(ref_name, ref, **others):
     """Each of `others` must have the dtype and shape of `ref` (a checked array; None
     entries are skipped)."""
-    dt, shape = ref.dtype, ref.shape
+    dt, shape, nd = ref.dtype, ref.shape, _CP_FLAT
     for name, a in others.items():
-        if a is None or (a.dtype == dt and a.shape == shape and contiguous(a)):
+        if a is None or (a.dtype is dt and a.shape == shape
+                         and (a._c_contiguous if type(a) is nd else a.flags.c_contiguous)):
             continue      # (the common case, cheaply: ref's checks hold for a too)
         check_array(name, a, ndim=None, dtype=dt, dtype_of=ref_name, shape=shape,
                     shape_of=ref_name)
@@ -112,7 +121,7 @@ def check_out(out, ref_name, ref):
 
 _PLAIN_REALS = (float, int, np.float32, np.float64)
 #: the smallest magnitude that rounds to infinity in float32 (half an ulp above its largest)
-_F32_OVERFLOW = 3.4028235677973366e38
+F32_OVERFLOW = 3.4028235677973366e38
 
 
 def real(name, x, dtype, *, min_value=None, max_value=None, below_max=False):
@@ -128,7 +137,7 @@ def real(name, x, dtype, *, min_value=None, max_value=None, below_max=False):
         v = float(x)
     else:
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    if not (math.isfinite(v) and (abs(v) < _F32_OVERFLOW or dtype is None
+    if not (math.isfinite(v) and (abs(v) < F32_OVERFLOW or dtype is None
                                    or np.dtype(dtype).itemsize == 8)):
         where = "" if not math.isfinite(v) else f" in {np.dtype(dtype)}"
         raise ValueError(f"{name} must be finite{where}, got {x}")
@@ -164,15 +173,15 @@ def variant_of(variant):
     return variant
 
 
-def _start(a):
-    return a.__array_interface__["data"][0] if isinstance(a, _NDARRAY) else a.data.ptr
-
-
 def check_distinct(**arrays):
     """Arrays that a kernel updates in place must not overlap each other or its inputs."""
-    spans = sorted((s, i, k, s + v.nbytes) for i, (k, v, s) in
-                   enumerate((k, v, _start(v)) for k, v in arrays.items() if v is not None))
-    for (a0, i, name_a, a1), (b0, j, name_b, b1) in zip(spans, spans[1:]):
+    spans = []
+    for i, (name, a) in enumerate(arrays.items()):
+        if a is not None:
+            start = a.__array_interface__["data"][0] if isinstance(a, _NDARRAY) else a.data.ptr
+            spans.append((start, start + a.nbytes, i, name))
+    spans.sort()
+    for (_, a1, i, name_a), (b0, _, j, name_b) in zip(spans, spans[1:]):
         if b0 < a1:          # (sorted by start: any overlap shows between neighbours)
             first, second = (name_a, name_b) if i < j else (name_b, name_a)
             raise ValueError(f"{first} and {second} share memory; they must be separate "

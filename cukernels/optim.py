@@ -35,27 +35,35 @@ def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
     arrays = {"delta_weights": delta_weights, "weights": weights, **states}
     xp = checks.backend(**arrays)
     dt = checks.check_array("weights", weights, ndim=None)
-    checks.check_same("weights", weights, delta_weights=delta_weights, **states)
+    checks.check_same("weights", weights, **arrays)    # (weights against itself: a no-op)
     checks.check_distinct(**arrays)
     checks.integer("batch_size", batch_size, min_value=1)
     checks.variant_of(variant)
     wrapped = {}
+    limit = checks.F32_OVERFLOW
     for name, value in scalars.items():
         low, high = _RANGES[name]
-        wrapped[name] = checks.real(name, value, dt, min_value=low, max_value=high,
-                                    below_max=True)
+        # (a plain float inside its range and float32's, as most calls pass, needs no more
+        # checks; checks.real decides every other value and words the errors)
+        if type(value) is float and (low is None or value >= low) and (
+                value < high if high is not None else -limit < value < limit):
+            wrapped[name] = value
+        else:
+            wrapped[name] = checks.real(name, value, dt, min_value=low, max_value=high,
+                                        below_max=True)
     return xp is not np, wrapped
 
 
 _NAMES = {(k, c, v): f"{k}<{c},{_launch.BOOLS[v == 'book']}>" for k in UPDATE_KERNELS
           for c in _launch.CTYPES for v in ("standard", "book")}
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
 def _run(name, variant, delta_weights, weights, s1, s2, batch_size, sc, c1=0.0, c2=0.0):
     """Launch the update kernel `name` with the checked scalars `sc` (by argument name)."""
     g = sc.get
     _launch.launch_update(
-        _NAMES[name, "float" if weights.dtype == np.float32 else "double", variant],
+        _NAMES[name, _CTYPE[weights.dtype], variant],
         delta_weights, weights, s1, s2, float(batch_size), g("learning_rate", 0.0),
         g("beta", g("beta1", 0.0)), g("beta2", 0.0), g("lambda1", 0.0), g("lambda2", 0.0),
         g("eps", 0.0), c1, c2)

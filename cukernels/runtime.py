@@ -457,6 +457,18 @@ class Kernel:
                              f"{self.names} ({e})") from None
         self._launch(grid, block, addrs, shared_mem, stream, False)
 
+    def launch_1d(self, blocks, threads, values) -> None:
+        """launch_values on a one-dimensional grid and block, on the current stream, with no
+        shared memory: the elementwise and update kernels' launch, with the least host work."""
+        buf, addrs, _ = getattr(_BLOCKS, "block", None) or _shared_block()
+        try:
+            self._struct.pack_into(buf, 0, *values)
+        except struct.error as e:
+            raise ValueError(f"{self.name}: the arguments do not fit the parameters "
+                             f"{self.names} ({e})") from None
+        launch_kernel, current_stream = _DRIVER or _driver()
+        launch_kernel(self.ptr, blocks, 1, 1, threads, 1, 1, 0, current_stream().ptr, addrs, 0)
+
     def _launch(self, grid, block, addrs, shared_mem, stream, cooperative):
         """cuLaunchKernel (or its cooperative form) on the packed parameter block at addrs."""
         cp = _CUPY or cupy_module()
@@ -477,6 +489,17 @@ class Kernel:
         """The arguments as numpy scalars of each parameter's type, in order (pointers as
         64-bit addresses), for CuPy's own RawKernel call (the reference launch)."""
         return tuple(_NUMPY[c](v) for c, v in zip(self._codes, self.values(args)))
+
+
+_DRIVER = None
+
+
+def _driver():
+    """(cuLaunchKernel's wrapper, the current-stream getter) of CuPy, looked up once."""
+    global _DRIVER
+    cp = cupy_module()
+    _DRIVER = (cp.cuda.driver.launchKernel, cp.cuda.get_current_stream)
+    return _DRIVER
 
 
 _NUMPY = {"Q": np.uint64, "i": np.int32, "I": np.uint32, "q": np.int64, "f": np.float32,

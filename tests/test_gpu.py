@@ -245,6 +245,28 @@ def test_gpu_bad_input(cp):
         ck.tanh_activation(cp.ones(4), out=np.ones(4))
 
 
+def test_elementwise_fast_path_checks_as_the_others(cp, rng):
+    """A plain call (one cupy array, plain float scalars: the fast path) refuses and accepts
+    what every other call does, with the same bits."""
+    x32 = cp.asarray(rng.standard_normal(37).astype(np.float32))
+    x64 = x32.astype(cp.float64)
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        ck.sigmoid_activation(cp.asarray(np.float32(1.0)))
+    with pytest.raises(ValueError, match="a must be finite"):
+        ck.sigmoid_activation(x32, float("nan"))
+    with pytest.raises(ValueError, match="a must be finite in float32"):
+        ck.sigmoid_activation(x32, 1e39)
+    big = ck.line_activation(x64, 1e300)           # finite in float64: accepted
+    cp.testing.assert_array_equal(big, x64 * 1e300)
+    for fn, kw in ((ck.sigmoid_activation, {"a": 2.0, "b": 0.5}), (ck.lrelu_activation, {"a": 0.1}),
+                   (ck.swish_activation, {"b": 1.5}), (ck.tanh_activation, {})):
+        fast = fn(x32, **kw)
+        as_numpy = {k: np.float32(v) for k, v in kw.items()}   # (not plain floats: checked)
+        out = cp.empty_like(x32)
+        cp.testing.assert_array_equal(fast, fn(x32, **as_numpy))
+        cp.testing.assert_array_equal(fast, fn(x32, out=out, **kw))
+
+
 @pytest.mark.slow
 def test_update_beyond_2_pow_31_elements(cp):
     n = 2**31 + 5

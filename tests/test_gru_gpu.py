@@ -54,7 +54,7 @@ def assert_within(got, ref64, ref32, dtype, names):
 
 
 OUT_NAMES = ("y", "h_n") + NAMES
-PATHS = ["steps", "fast"]
+PATHS = ["steps", "fast", "small"]
 path_param = pytest.mark.parametrize("path", PATHS)
 
 
@@ -65,6 +65,10 @@ path_param = pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T,B,I,H", GPU_SHAPES)
 def test_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, dtype, path):
     p = problem(rng, T, B, I, H, bidirectional, with_h0)
+    if path == "small" and not plans.SMALL.fits(B, H, 2 if bidirectional else 1):
+        with pytest.raises(ValueError, match="path='small': D\\*B\\*H = "):
+            run(to_gpu(cp, cast(p, dtype)), path=path)
+        return
     ref = run(p, oracle)
     ref32 = run(cast(p, np.float32), oracle) if dtype == np.float32 else ref
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path=path)]
@@ -167,6 +171,22 @@ def test_fast_path_repeats_its_bits(cp, rng, shape, scope):
             cp.testing.assert_array_equal(a, b)
 
 
+SMALL_SHAPES = [(1, 1, 1, 1, False), (7, 3, 5, 9, True), (40, 2, 3, 8, False)]
+
+
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=str)
+def test_auto_takes_the_small_path_on_small_shapes_and_repeats_its_bits(cp, poison, rng, shape):
+    """path="auto" runs the small path where small_takes says so (the same bits as
+    path="small"), and the small path gives the same bits every call."""
+    T, B, I, H, bi = shape
+    assert plans.small_takes(T, B, I, H, 2 if bi else 1)
+    g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
+    first = run(g, path="small")
+    for path in ("auto", "small", "auto"):
+        for a, b in zip(first, run(g, path=path)):
+            cp.testing.assert_array_equal(a, b)
+
+
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
     waves of groups; the persist kernels up to PERSIST_AUTO_MAX_WORK; else per step."""
@@ -236,10 +256,24 @@ def test_backward_may_take_another_scope(cp, rng, monkeypatch):
         plans.tile_split(64, 256, 1, tile, tile[2], 4) for tile in plans.TILES[4]
         if tile[0] == 0) if p is not None][0]
     monkeypatch.setattr(_plan, "choose",
-                        lambda path, B, H, D, dtype, backward=False: grid if backward else fwd)
+                        lambda path, B, H, D, dtype, backward=False, T=0, I=0:
+                        grid if backward else fwd)
     p = problem(rng, 5, 64, 4, 256, False)
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
     _check(got, p, np.float32)
+
+
+@pytest.mark.parametrize("other", ["steps", "fast"])
+@pytest.mark.parametrize("small_first", [True, False], ids=["small_forward", "small_backward"])
+def test_small_path_pairs_with_the_other_plans(cp, rng, monkeypatch, other, small_first):
+    """The small path keeps the shared history layout: a small forward pass followed by
+    another plan's backward pass, and the other way round, give the oracle's results."""
+    p = problem(rng, 6, 3, 5, 7, True)
+    plan = {"steps": plans.STEPS, "fast": plans.fast_plan(3, 7, 2, np.float64)}[other]
+    pair = (plans.SMALL, plan) if small_first else (plan, plans.SMALL)
+    monkeypatch.setattr(_plan, "choose", lambda path, B, H, D, dtype, backward=False, T=0, I=0:
+                        pair[backward])
+    _check([cp.asnumpy(a) for a in run(to_gpu(cp, p))], p, np.float64)
 
 
 def _run_plan(cp, monkeypatch, p, dtype, plan):
@@ -333,7 +367,7 @@ def test_numpy_mixed_with_cupy_is_a_type_error(cp, rng):
 CUDNN_SHAPES = ["S1", "S4"] if QUICK else list(BENCH_SHAPES)
 
 
-@path_param
+@pytest.mark.parametrize("path", ["steps", "fast"])   # (the small path holds none of them)
 @pytest.mark.parametrize("sid", CUDNN_SHAPES)
 def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid, path):
     """Ours and cuDNN (FP32 strict), both float32, against cuDNN in float64 on the GPU."""

@@ -143,6 +143,82 @@ def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, s
         dh[d * BH + i] = dhv * z
 
 
+def small_forward(train):
+    """gru_small_forward<T, TRAIN>: one block, all units (d, b, j) of a step at once."""
+    def run(grid, block, smem, cooperative, x, h0, w_ih, w_hh, b_ih, b_hh, hs, y, gates, h_n,
+            steps, B, I, H, D, L):
+        assert grid == (1,) and smem == 2 * D * B * H * 8
+        # L lanes per unit: a power of two up to 32 that divides the block (whole warps)
+        assert L in (1, 2, 4, 8, 16, 32) and block[0] % 32 == 0
+        units, S = D * B * H, steps + 1
+        x, w_ih, w_hh, b_ih, b_hh, y, h_n = (a.reshape(-1) for a in (x, w_ih, w_hh, b_ih, b_hh,
+                                                                    y, h_n))
+        i = np.arange(units)
+        d, b, j = i // (B * H), i % (B * H) // H, i % H
+        h = h0.reshape(-1).copy() if h0 is not None else np.zeros(units)
+        if train:
+            hs, gates = hs.reshape(-1), gates.reshape(-1)
+            hs[d * S * B * H + b * H + j] = h
+        for s in range(steps):
+            t = np.where(d == 0, s, steps - 1 - s)
+            k_i, k_h = np.arange(I), np.arange(H)
+            xt = x[(t * B + b)[:, None] * I + k_i]
+            hv = h[(d * B + b)[:, None] * H + k_h]
+            wrow = lambda w, n, g: w[(d * 3 * H + g * H + j)[:, None] * n + np.arange(n)]  # noqa
+            gi = [(wrow(w_ih, I, g) * xt).sum(1) + b_ih[d * 3 * H + g * H + j] for g in range(3)]
+            gh = [(wrow(w_hh, H, g) * hv).sum(1) + b_hh[d * 3 * H + g * H + j] for g in range(3)]
+            r, z = _sigmoid(gi[0] + gh[0]), _sigmoid(gi[1] + gh[1])
+            n = np.tanh(gi[2] + r * gh[2])
+            h = (1 - z) * n + z * h
+            y[(t * B + b) * D * H + d * H + j] = h
+            if train:
+                hs[(d * S + s + 1) * B * H + b * H + j] = h
+                g = ((d * steps + s) * B + b) * 4 * H
+                gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j] = \
+                    r, z, n, gh[2]
+        h_n[:] = h
+    return run
+
+
+def small_backward(grid, block, smem, cooperative, dy, dh_n, x, w_ih, w_hh, gates, hs, dgi,
+                   dgh, dx, dh0, dw_ih, dw_hh, db_ih, db_hh, steps, B, I, H, D):
+    """gru_small_backward<T>: the reverse recurrence, then the tail's sums element by element."""
+    assert grid == (1,) and smem == 4 * D * B * H * 8
+    units, H3 = D * B * H, 3 * H
+    dy, x, w_ih, w_hh, gates, hs, dgi, dgh = (a.reshape(-1) for a in (dy, x, w_ih, w_hh, gates,
+                                                                      hs, dgi, dgh))
+    i = np.arange(units)
+    d, b, j = i // (B * H), i % (B * H) // H, i % H
+    carry = dh_n.reshape(-1).copy() if dh_n is not None else np.zeros(units)
+    for s in range(steps - 1, -1, -1):
+        t = np.where(d == 0, s, steps - 1 - s)
+        g = ((d * steps + s) * B + b) * 4 * H
+        r, z, n, hn = gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j]
+        h = hs[((d * (steps + 1) + s) * B + b) * H + j]
+        dh = dy[(t * B + b) * D * H + d * H + j] + carry
+        dn = dh * (1 - z) * (1 - n * n)
+        dz = dh * (h - n) * z * (1 - z)
+        dr = dn * hn * r * (1 - r)
+        row_i, row_h = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
+        dgi[row_i + j], dgi[row_i + H + j], dgi[row_i + 2 * H + j] = dr, dz, dn
+        dgh[row_h + j], dgh[row_h + H + j], dgh[row_h + 2 * H + j] = dr, dz, dn * r
+        k = np.arange(H3)
+        step = dgh[(((d * steps + s) * B + b) * H3)[:, None] + k]
+        carry = dh * z + (step * w_hh[(d * H3)[:, None] * H + k * H + j[:, None]]).sum(1)
+    dh0.reshape(-1)[:] = carry
+    rows, DG = steps * B, D * H3
+    gi_rows = dgi.reshape(rows, DG)
+    x_rows = x.reshape(rows, I)
+    dx.reshape(-1)[:] = (gi_rows @ w_ih.reshape(DG, I)).reshape(-1)
+    dw_ih.reshape(-1)[:] = (gi_rows.T @ x_rows).reshape(-1)
+    db_ih.reshape(-1)[:] = gi_rows.sum(0)
+    for dd in range(D):
+        gh_rows = dgh.reshape(D, rows, H3)[dd]
+        h_rows = hs.reshape(D, steps + 1, B, H)[dd, :steps].reshape(rows, H)
+        dw_hh.reshape(-1)[dd * H3 * H:(dd + 1) * H3 * H] = (gh_rows.T @ h_rows).reshape(-1)
+        db_hh.reshape(-1)[dd * H3:(dd + 1) * H3] = gh_rows.sum(0)
+
+
 class _Tile:
     """The thread roles of gru_tile_forward/backward in block c of a cluster of the tile
     kernels (cluster, Q packs, MR rows, NT threads, U units per thread), by slot = u*KS + ks
@@ -364,7 +440,10 @@ def host_device(monkeypatch):
     runs = {("gru_steps.cu", _catalog.step_forward("double", True)): forward_step(True),
             ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False),
             ("gru_steps.cu", _catalog.step_backward("double")): backward_step,
-            ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks}
+            ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks,
+            ("gru_small.cu", _catalog.small_forward("double", True)): small_forward(True),
+            ("gru_small.cu", _catalog.small_forward("double", False)): small_forward(False),
+            ("gru_small.cu", _catalog.small_backward("double")): small_backward}
     for tile in _catalog.TILES[8]:
         runs["gru_tile.cu", _catalog.tile_backward("double", tile)] = tile_backward(tile)
         for train in (True, False):
@@ -415,6 +494,37 @@ def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, 
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, 2 if bi else 1)
     _gpu_path_matches(dev, p, dims, plans.STEPS, ref_y, ref_hn, saved, ref)
+
+
+@pytest.mark.parametrize("T,B,I,H,bi,h0", [(1, 1, 1, 1, False, True), (3, 2, 4, 5, False, True),
+                                           (4, 3, 2, 3, True, True), (5, 1, 3, 2, True, False),
+                                           (2, 4, 3, 128, True, True)])
+def test_small_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0):
+    """The small path's kernels (the whole pass in one block), transcribed in numpy: their
+    arguments, the history they leave, the tail's sums and the gradients in the weights'
+    shapes (with and without the direction axis) give the oracle's results; a backward pass
+    of another plan runs on the history the small forward pass leaves, and the other way."""
+    D = 2 if bi else 1
+    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    dev = host_device
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    saved_dev = _gpu_path_matches(dev, p, (T, B, I, H, D), plans.SMALL, ref_y, ref_hn, saved,
+                                  ref)
+    for g, r in zip(plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS), ref):
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+    _, _, steps_saved = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                      plans.STEPS, bidirectional=bi)
+    no_dh_n = oracle.gru_backward(p["dy"], None, saved)
+    for g, r in zip(plans.backward(dev(p["dy"]), None, steps_saved, plans.SMALL), no_dh_n):
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+    if not bi:       # weights without the direction axis: gradients come back that way
+        flat = [dev(w[0]) for w in weights(p)]
+        _, _, s1 = plans.forward(dev(p["x"]), dev(p["h0"]), *flat, plans.SMALL)
+        got = plans.backward(dev(p["dy"]), None, s1, plans.SMALL)
+        assert [g.shape for g in got[2:]] == [w.shape for w in flat]
+        for g, r in zip(got[2:], no_dh_n[2:]):
+            np.testing.assert_allclose(g, r[0], rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
@@ -616,3 +726,29 @@ def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
     monkeypatch.setattr(_device, "_SCRATCH", {("gi", (1,), "f", 0, 0, 1): (np.zeros(1),)})
     _device.clear_scratch()
     assert _device._SCRATCH == {}
+
+
+def test_auto_takes_the_small_path_within_its_limits():
+    """path="auto" runs the small path on tiny shapes and while small_chain stays within
+    SMALL_AUTO_MAX_CHAIN; path="small" beyond SMALL_MAX_UNITS is a ValueError naming the
+    path and the units; without T and I (the planner's callers in tools), auto leaves it out."""
+    f32 = np.dtype(np.float32)
+    assert plans.choose("auto", 1, 1, 1, f32, False, 1, 1) is plans.SMALL
+    assert plans.choose("small", 1, 1, 1, f32, True, 1000, 64) is plans.SMALL
+    assert plans.small_chain(1000, 1, 64, 64, 1) > plans.SMALL_AUTO_MAX_CHAIN
+    assert not plans.small_takes(1000, 1, 64, 64, 1)
+    assert plans.small_takes(8, 4, 8, 8, 2) and not plans.small_takes(8, 4, 8, 129, 2)
+    assert plans.SMALL.fits(4, 128, 2) and not plans.SMALL.fits(4, 129, 2)
+    with pytest.raises(ValueError, match=r"path='small': D\*B\*H = 1032 units"):
+        plans.choose("small", 4, 129, 2, f32, False, 8, 8)
+    with pytest.raises(ValueError, match="use plans.backward"):
+        plans.backward_recurrence(None, None, None, plans.SMALL)
+
+
+def test_small_path_on_numpy_runs_the_oracle(rng):
+    p = problem(rng, 3, 2, 4, 5, True)
+    ref = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    import cugru
+    got = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, path="small")
+    for a, b in zip(got[:2], ref[:2]):
+        np.testing.assert_array_equal(a, b)

@@ -66,9 +66,18 @@ def variants(args):
     def gru_infer():
         cugru.gru_forward(x, h0, *w, training=False)
 
-    def gru_train():
-        y, hn, s = cugru.gru_forward(x, h0, *w)
-        cugru.gru_backward(dy, None, s)
+    def gru_train(path="auto"):
+        y, hn, s = cugru.gru_forward(x, h0, *w, path=path)
+        cugru.gru_backward(dy, None, s, path=path)
+
+    from cukernels import checks, optim
+    D_, wt, m1, m2 = (cp.asarray(np.full(64, 0.1, np.float32)) for _ in range(4))
+    dt = v.dtype
+    try:
+        import torch
+        tv = torch.as_tensor(v) if torch.cuda.is_available() else None
+    except ImportError:
+        tv = None
 
     pieces = {
         "cp.empty((64,), f32)": lambda: cp.empty((64,), cp.float32),
@@ -82,6 +91,28 @@ def variants(args):
         "cp.cuda.get_current_stream().ptr": lambda: cp.cuda.get_current_stream().ptr,
         "gru_forward inference": gru_infer,
         "GRU train step": gru_train,
+        "GRU train step, path='steps'": lambda: gru_train("steps"),
+        "GRU train step, path='fast'": lambda: gru_train("fast"),
+        "checks.backend(inputs=v, out=None)": lambda: checks.backend(inputs=v, out=None),
+        "checks.check_array(v)": lambda: checks.check_array("inputs", v, ndim=None),
+        "checks.real('a', 1.0, dt)": lambda: checks.real("a", 1.0, dt),
+        "runtime.kernel(...) lookup": lambda: runtime.kernel(
+            "activations.cu", "sigmoid_activation<float>", _launch.EW_PARAMS),
+        "v.data.ptr": lambda: v.data.ptr,
+        "cp.cuda.runtime.getDevice()": cp.cuda.runtime.getDevice,
+        "launch_elementwise into out": lambda: _launch.launch_elementwise(
+            "activations.cu", "sigmoid_activation<float>", (v,), out, a=1.0),
+        "sigmoid_activation(v, out=out)": lambda: ck.sigmoid_activation(v, out=out),
+        "optim._prepare (adam's checks)": lambda: optim._prepare(
+            D_, wt, {"momentum_m": m1, "momentum_v": m2}, 4, "standard",
+            {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "lambda1": 0.0,
+             "lambda2": 0.0, "eps": 1e-8}),
+        "checks.check_distinct (4 arrays)": lambda: checks.check_distinct(
+            delta_weights=D_, weights=wt, momentum_m=m1, momentum_v=m2),
+        "adam_update": lambda: ck.adam_update(D_, wt, m1, m2, 4, 1e-3, t=3),
+        **({"torch.sigmoid": lambda: torch.sigmoid(tv),
+            "torch.empty(64)": lambda: torch.empty(64, device="cuda")} if tv is not None
+           else {}),
     }
     times = {name: [] for name in pieces}
     for fn in pieces.values():

@@ -273,6 +273,21 @@ def main(argv=None) -> int:
                   else f"Tile sweep failed (exit {rc}); see gru-log.txt"]
         if os.path.exists(sweep):
             os.remove(sweep)
+        # the small path on small shapes, against the plan auto takes without it and cuDNN
+        small = os.path.join(out, "small.json")
+        rc, secs = sh([py, "-m", "bench.small", "--json", small],
+                      os.path.join(out, "gru-log.txt"), timeout=300)
+        lines += ["", "### The small path on small shapes (bench/small.py)", "",
+                  "Wall clock per call of back-to-back calls, and device time per call "
+                  "(CUDA events; where the host is the bound the events measure its pace), "
+                  "float32, µs; 'without it' is the plan path='auto' takes where the small "
+                  "path is left out; cuDNN in FP32 strict.", ""]
+        if rc == 0 and os.path.exists(small):
+            sys.path.insert(0, ROOT)
+            from bench import small as small_bench
+            lines += small_bench.markdown(json.load(open(small)))
+        else:
+            lines.append(f"Small-path benchmark failed (exit {rc}); see gru-log.txt")
         write(out, "gru", lines)
 
     if "main" not in skip:
