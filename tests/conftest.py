@@ -98,8 +98,8 @@ def cp():
 
 @pytest.fixture
 def poison(cp, monkeypatch):
-    """cupy.empty / empty_like return NaN-filled arrays, so an unwritten element fails a
-    test; cugru's temporaries are not reused between calls (each starts as NaN)."""
+    """cupy.empty / empty_like and cukernels.runtime.empty return NaN-filled arrays, so an
+    unwritten element fails a test; cugru's temporaries are not reused between calls (each starts as NaN)."""
     from cugru import _device
     monkeypatch.setattr(_device, "SCRATCH_BYTES", 0)
     empty, empty_like = cp.empty, cp.empty_like
@@ -116,3 +116,4 @@ def poison(cp, monkeypatch):
 
     monkeypatch.setattr(cp, "empty", nan_empty)
     monkeypatch.setattr(cp, "empty_like", nan_empty_like)
+    monkeypatch.setattr(runtime, "empty", nan_empty)   # (the results of the fast calls)

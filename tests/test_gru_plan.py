@@ -456,6 +456,8 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "ones", fake.ones)
     monkeypatch.setattr(_device, "scratch",
                         lambda name, dt, *shapes: tuple(fake.empty(s, dt) for s in shapes))
+    monkeypatch.setattr(_device, "outputs", lambda dt, *shapes: tuple(fake.empty(s, dt)
+                                                                       for s in shapes))
     monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
     monkeypatch.setattr(_device, "Loop", HostLoop)

@@ -46,6 +46,19 @@ def main(argv=None):
 
 
 
+SIX = ((1, 1, 1), (1, 1, 1), (1, 3, 1), (1, 3, 1), (1, 3), (1, 3))
+
+
+def _shared(cp, shapes, align=256):
+    """The results of `shapes` as arrays on one allocation (each on a 256-byte boundary)."""
+    offsets, total = [], 0
+    for sh in shapes:
+        offsets.append(total)
+        total += -(-int(np.prod(sh)) * 4 // align) * align
+    base = cp.ndarray((total // 4,), cp.float32).data
+    return [cp.ndarray(sh, cp.float32, base + off) for sh, off in zip(shapes, offsets)]
+
+
 def variants(args):
     import cupy as cp
 
@@ -100,6 +113,13 @@ def variants(args):
             "activations.cu", "sigmoid_activation<float>", _launch.EW_PARAMS),
         "v.data.ptr": lambda: v.data.ptr,
         "cp.cuda.runtime.getDevice()": cp.cuda.runtime.getDevice,
+        "flat.data + 256 (a MemoryPointer)": lambda: flat.data + 256,
+        "cp.ndarray((8, 8), f32, memptr=flat.data + 256)": lambda: cp.ndarray(
+            (8, 8), cp.float32, flat.data + 256),
+        "cp.empty((8, 8), f32)": lambda: cp.empty((8, 8), cp.float32),
+        "cp.ndarray((8, 8), f32)": lambda: cp.ndarray((8, 8), cp.float32),
+        "6 results: cp.empty each": lambda: [cp.empty(sh, cp.float32) for sh in SIX],
+        "6 results: one allocation, cp.ndarray(memptr) each": lambda: _shared(cp, SIX),
         "launch_elementwise into out": lambda: _launch.launch_elementwise(
             "activations.cu", "sigmoid_activation<float>", (v,), out, a=1.0),
         "sigmoid_activation(v, out=out)": lambda: ck.sigmoid_activation(v, out=out),
