@@ -52,13 +52,13 @@ SANITIZER_TOOLS = {
 }
 
 
-def sh(cmd, log, env=None, timeout=900):
+def sh(cmd, log, env=None, timeout=900, cwd=ROOT):
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
         try:
-            p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=f,
+            p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=f,
                                stderr=subprocess.STDOUT, timeout=timeout)
             rc = p.returncode
         except subprocess.TimeoutExpired:
@@ -384,16 +384,23 @@ def before(py, tree, label, out):
             else:
                 shutil.copy(src, pkg)
         # the two trees in turn, ROUNDS times each (a host's speed drifts within a run): the
-        # median of each call over the rounds
+        # median of each call over the rounds. Each runs in its own tree: `python -m` puts the
+        # working directory first on sys.path, ahead of PYTHONPATH
         runs = {"base": [], "this": []}
         rc = 0
+        base_env = {**env, "PYTHONPATH": os.pathsep.join([tree, tmp])}
+        where = subprocess.run([py, "-c", "import cugru, cukernels; print(cugru.__file__); "
+                                "print(cukernels.__file__)"], cwd=tree, capture_output=True,
+                               text=True, env={**os.environ, **base_env}).stdout.split()
+        if len(where) != 2 or not all(os.path.realpath(w).startswith(os.path.realpath(tree))
+                                      for w in where):
+            raise RuntimeError(f"the base tree's run imports {where}, not {tree}'s packages")
         for k in range(ROUNDS):
-            for which, cmd, env_k in (
-                    ("base", [py, "-m", "callbench.calls"],
-                     {**env, "PYTHONPATH": os.pathsep.join([tree, tmp])}),
-                    ("this", [py, "-m", "bench.calls"], {})):
+            for which, cmd, env_k, cwd in (
+                    ("base", [py, "-m", "callbench.calls"], base_env, tree),
+                    ("this", [py, "-m", "bench.calls"], {}, ROOT)):
                 result = os.path.join(tmp, f"calls-{which}-{k}.json")
-                rc, _ = sh(cmd + ["--json", result], log, env=env_k, timeout=300)
+                rc, _ = sh(cmd + ["--json", result], log, env=env_k, timeout=300, cwd=cwd)
                 if os.path.exists(result):
                     with open(result) as f:
                         runs[which].append(json.load(f))
