@@ -59,6 +59,15 @@ def _shared(cp, shapes, align=256):
     return [cp.ndarray(sh, cp.float32, base + off) for sh, off in zip(shapes, offsets)]
 
 
+def _unshared(device, fn):
+    """fn() with each of a call's results in its own allocation."""
+    keep, device.OUTPUT_SHARE_BYTES = device.OUTPUT_SHARE_BYTES, 0
+    try:
+        fn()
+    finally:
+        device.OUTPUT_SHARE_BYTES = keep
+
+
 def variants(args):
     import cupy as cp
 
@@ -83,6 +92,19 @@ def variants(args):
         y, hn, s = cugru.gru_forward(x, h0, *w, path=path)
         cugru.gru_backward(dy, None, s, path=path)
 
+    from cugru import _args, _device, _passes, _plan
+    from bench import timing
+    a_train = _args.forward_args(x, h0, *w, False, True)
+    fwd_pass = _passes.ForwardPass(a_train, True)
+    y0, hn0, saved0 = cugru.gru_forward(x, h0, *w)
+    bwd_pass = _passes.BackwardPass(dy, None, saved0, True)
+    loop0 = _device.Loop(np.float32)
+    held = {"GRU train step": gru_train, "gru_forward inference": gru_infer}
+    for name, fn in held.items():
+        host, device = timing.held_times_us(fn, n_repeat=20)
+        print(f"{name}: host issue {host:.1f} µs, device {device:.1f} µs (a spin kernel "
+              "holds the GPU while the host queues 20 calls)")
+
     from cukernels import checks, optim
     D_, wt, m1, m2 = (cp.asarray(np.full(64, 0.1, np.float32)) for _ in range(4))
     dt = v.dtype
@@ -105,6 +127,19 @@ def variants(args):
         "gru_forward inference": gru_infer,
         "GRU train step": gru_train,
         "GRU train step, path='steps'": lambda: gru_train("steps"),
+        "GRU train step, each result its own allocation": lambda: _unshared(_device, gru_train),
+        "gru_forward inference, each result its own allocation": lambda: _unshared(
+            _device, gru_infer),
+        "GRU: forward_args": lambda: _args.forward_args(x, h0, *w, False, True),
+        "GRU: choose": lambda: _plan.choose("auto", 1, 1, 1, x.dtype, False, 1, 1),
+        "GRU: ForwardPass (training, small)": lambda: _passes.ForwardPass(a_train, True),
+        "GRU: Loop()": lambda: _device.Loop(x.dtype),
+        "GRU: SMALL.forward launch": lambda: _plan.SMALL.forward(loop0, fwd_pass),
+        "GRU: _passes.forward (training)": lambda: _passes.forward(a_train, _plan.SMALL),
+        "GRU: backward_args": lambda: _args.backward_args(dy, None, saved0),
+        "GRU: BackwardPass (small)": lambda: _passes.BackwardPass(dy, None, saved0, True),
+        "GRU: SMALL.backward launch": lambda: _plan.SMALL.backward(loop0, bwd_pass),
+        "GRU: gru_backward": lambda: cugru.gru_backward(dy, None, saved0),
         "GRU train step, path='fast'": lambda: gru_train("fast"),
         "checks.backend(inputs=v, out=None)": lambda: checks.backend(inputs=v, out=None),
         "checks.check_array(v)": lambda: checks.check_array("inputs", v, ndim=None),
