@@ -87,46 +87,12 @@ def _elements(shapes):
     return total
 
 
-#: a call's results of at most this many bytes in all are arrays on one allocation (each
-#: on its own 256-byte aligned part): one pool allocation and one free instead of one per
-#: result, and an array made on a pointer costs less than an allocation (measured,
-#: tools/call_profile.py --variants). A result keeps the whole allocation alive, so only
-#: small calls share; 0 gives each result its own allocation.
-OUTPUT_SHARE_BYTES = 1 << 16
-_LAYOUTS: dict = {}
-
-
-def _layout(dt, shapes):
-    """(elements of the shared allocation, byte offset of each result), or None where the
-    results take more than OUTPUT_SHARE_BYTES."""
-    offsets, nbytes = [], 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        offsets.append(nbytes)
-        nbytes += -(-n * dt.itemsize // 256) * 256
-    if nbytes > OUTPUT_SHARE_BYTES:
-        return None
-    return nbytes // dt.itemsize, tuple(offsets)
-
-
 def outputs(dtype, *shapes):
-    """New arrays of `shapes` for a call's results: on one allocation where they are small
-    (OUTPUT_SHARE_BYTES), else one allocation each."""
-    key = (dtype, shapes, OUTPUT_SHARE_BYTES)
-    layout = _LAYOUTS.get(key, False)
-    if layout is False:
-        if len(_LAYOUTS) > 4096:
-            _LAYOUTS.clear()
-        layout = _LAYOUTS[key] = _layout(np.dtype(dtype), shapes)
+    """New arrays of `shapes` for a call's results, one allocation each (measured: one
+    allocation shared by arrays on parts of it was slower on the host,
+    tools/call_profile.py --variants)."""
     empty = runtime.empty
-    if layout is None:
-        return tuple(empty(s, dtype) for s in shapes)
-    size, offsets = layout
-    base = empty((size,), dtype).data
-    nd = runtime.cupy_module().ndarray
-    return tuple(nd(s, dtype, base + off) for s, off in zip(shapes, offsets))
+    return tuple(empty(s, dtype) for s in shapes)
 
 
 def shared(kern, nbytes: int):

@@ -393,18 +393,3 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid,
         path = "steps"
     ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p), path=path)]
     assert_within(ours64, ref, ref, np.float64, OUT_NAMES)
-
-
-def test_small_calls_results_share_one_allocation_and_never_overlap(cp, rng):
-    """A call's results of at most OUTPUT_SHARE_BYTES are arrays on one allocation, each on
-    its own 256-byte aligned part; larger results get an allocation each."""
-    for shape, shared in (((2, 3, 4, 5, True), True), ((64, 32, 8, 64, False), False)):
-        g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
-        y, hn, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g),
-                                         bidirectional=shape[4])
-        grads = cugru.gru_backward(g["dy"], g["dh_n"], saved)
-        for arrays in ((y, hn, saved.hs, saved.gates), grads):
-            assert (len({id(a.data.mem) for a in arrays}) == 1) == shared
-            spans = sorted((a.data.ptr, a.data.ptr + a.nbytes) for a in arrays)
-            assert all(b0 >= a1 for (_, a1), (b0, _) in zip(spans, spans[1:]))
-            assert not shared or all(a.data.ptr % 256 == 0 for a in arrays)

@@ -754,12 +754,3 @@ def test_small_path_on_numpy_runs_the_oracle(rng):
     got = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, path="small")
     for a, b in zip(got[:2], ref[:2]):
         np.testing.assert_array_equal(a, b)
-
-
-def test_shared_results_layout():
-    """The parts of a shared result allocation: 256-byte aligned, in order, none above
-    OUTPUT_SHARE_BYTES in all."""
-    dt = np.dtype(np.float32)
-    size, offsets = _device._layout(dt, ((1, 1, 1), (3, 5), (65,)))
-    assert offsets == (0, 256, 512) and size == (512 + 512) // 4
-    assert _device._layout(dt, ((_device.OUTPUT_SHARE_BYTES // 4 + 1,),)) is None

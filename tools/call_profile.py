@@ -59,15 +59,6 @@ def _shared(cp, shapes, align=256):
     return [cp.ndarray(sh, cp.float32, base + off) for sh, off in zip(shapes, offsets)]
 
 
-def _unshared(device, fn):
-    """fn() with each of a call's results in its own allocation."""
-    keep, device.OUTPUT_SHARE_BYTES = device.OUTPUT_SHARE_BYTES, 0
-    try:
-        fn()
-    finally:
-        device.OUTPUT_SHARE_BYTES = keep
-
-
 def variants(args):
     import cupy as cp
 
@@ -127,9 +118,6 @@ def variants(args):
         "gru_forward inference": gru_infer,
         "GRU train step": gru_train,
         "GRU train step, path='steps'": lambda: gru_train("steps"),
-        "GRU train step, each result its own allocation": lambda: _unshared(_device, gru_train),
-        "gru_forward inference, each result its own allocation": lambda: _unshared(
-            _device, gru_infer),
         "GRU: forward_args": lambda: _args.forward_args(x, h0, *w, False, True),
         "GRU: choose": lambda: _plan.choose("auto", 1, 1, 1, x.dtype, False, 1, 1),
         "GRU: ForwardPass (training, small)": lambda: _passes.ForwardPass(a_train, True),
