@@ -292,12 +292,13 @@ def cpu_fallback(p, torch, repeat=3):
     return res
 
 
-def auto_paths(B, H, D):
-    """What path="auto" runs in float32 on this GPU: [forward, backward], each "fast" or
-    "steps" (the labels of OURS)."""
+def auto_paths(T, B, I, H, D):
+    """What path="auto" runs in float32 on this GPU: [forward, backward], each "fast",
+    "steps" (the labels of OURS) or "small" (timed as path="auto" itself)."""
     from cugru import plans
-    return ["steps" if plans.choose("auto", B, H, D, np.dtype(np.float32), back) is plans.STEPS
-            else "fast" for back in (False, True)]
+    f32 = np.dtype(np.float32)
+    return [{plans.STEPS: "steps", plans.SMALL: "small"}.get(
+        plans.choose("auto", B, H, D, f32, back, T, I), "fast") for back in (False, True)]
 
 
 def run(shape_ids, repeat, cpu=True):
@@ -309,9 +310,9 @@ def run(shape_ids, repeat, cpu=True):
         p = make_problem(T, B, I, H, bi)
         row = {"id": sid, "shape": [T, B, I, H, bi], "train": {}, "infer": {}, "host": {}}
         row["fast"] = fast_info(p, repeat)
-        row["auto"] = auto_paths(B, H, 2 if bi else 1)
+        row["auto"] = auto_paths(T, B, I, H, 2 if bi else 1)
         labels = dict(OURS)
-        if gru_report.auto_label(row) == "auto":      # its passes take different paths
+        if gru_report.auto_label(row) == "auto":   # the passes differ, or the small path
             labels["auto"] = "auto"
         for label, path in labels.items():
             if path == "fast" and row["fast"] is None:
@@ -412,6 +413,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true",
                     help="only time every tile split of the shapes (tuning the ranking)")
     args = ap.parse_args(argv)
+    timing.require_gpu()
     import cupy as cp
     if args.sweep:
         table = "\n".join(tile_sweep(args.shapes, args.repeat)) + "\n"

@@ -9,10 +9,11 @@ OURS = {"fast": "fast", "steps": "steps"}
 
 
 def auto_label(r):
-    """The label of the times path="auto" has in row `r`: the path it takes in both passes,
-    or "auto" (timed itself) where its passes take different paths."""
+    """The label of the times path="auto" has in row `r`: the path it takes in both passes
+    where that is a column of OURS, or "auto" (timed itself) where its passes take different
+    paths or the small path."""
     fwd, bwd = r.get("auto") or (None, None)
-    return fwd if fwd == bwd and fwd is not None else "auto"
+    return fwd if fwd == bwd and fwd in OURS else "auto"
 
 
 def auto_table(rows, bases):

@@ -85,6 +85,7 @@ def main(argv=None) -> int:
                     help="bench/calls.py's JSON of an earlier tree, shown beside the call costs")
     ap.add_argument("--before-label", default="before")
     args = ap.parse_args(argv)
+    timing.require_gpu()
     import cupy as cp
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"].decode()
     copy, rows, host = run(args.groups.split(","), args.repeat)

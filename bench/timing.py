@@ -18,6 +18,19 @@ def _cp():
     return cupy
 
 
+def require_gpu():
+    """Stop with a one-line message where there is no CUDA GPU with CuPy: the benchmarks
+    time GPU code (the CPU fallback's rows in bench.gru run beside the GPU's)."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return
+    except Exception:  # noqa: BLE001 (no cupy, no driver or no device)
+        pass
+    raise SystemExit("the benchmarks need a CUDA GPU with CuPy; this machine has none "
+                     "(the tests run the CPU fallback: python3 -m pytest)")
+
+
 def torch_cuda():
     """torch, where it is installed with a CUDA device; else None."""
     try:
@@ -142,6 +155,7 @@ def table_main(doc, measure, markdown, argv=None, repeat=200):
     ap.add_argument("--json", default=None, help="write the measurements to this file")
     ap.add_argument("--repeat", type=int, default=repeat, help="calls per timed run")
     args = ap.parse_args(argv)
+    require_gpu()
     rows = measure(args.repeat)
     print("\n".join(markdown(rows)))
     if args.json:

@@ -62,6 +62,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="ew,adam,dense,softmax")
     parts = ap.parse_args(argv).part.split(",")
+    timing.require_gpu()
     copy = timing.copy_bandwidth_gbs()
     print(f"copy bandwidth {copy:.0f} GB/s")
     if "ew" in parts:

@@ -267,7 +267,9 @@ class _NoBar:
 
 
 def _progress(total, enabled):
-    if not enabled:
+    """A tqdm bar on a terminal where tqdm is installed; else a bar that shows nothing (a
+    pipe or a log file would fill with its updates)."""
+    if not enabled or not sys.stderr.isatty():
         return _NoBar()
     try:
         from tqdm import tqdm
@@ -320,10 +322,18 @@ def _plot_formats():
     return tuple("." + k for k in Figure().canvas.get_supported_filetypes())
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, unless its help text says it already."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser():
     ap = argparse.ArgumentParser(
-        prog="cugru-train", description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        prog="cugru-train", description=__doc__.splitlines()[0], formatter_class=_Defaults)
     ap.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
                     help="where to train: the GPU if there is one (auto), or as told")
     ap.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",

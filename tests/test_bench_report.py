@@ -48,3 +48,16 @@ def test_small_table_keeps_shapes_the_small_path_does_not_hold():
                         "58.0 | 75.0 / 70.0 | 2.50x |")
     assert lines[3] == ("| big (8, 64, 8, 64, 2) | train step | no | - / - | (steps) 90.0 / "
                         "88.0 | 80.0 / 79.5 | - |")
+
+
+def test_benchmarks_without_a_gpu_stop_with_one_line():
+    import pytest
+
+    from bench import small, timing
+    from cukernels import runtime
+    if runtime.gpu_available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    with pytest.raises(SystemExit, match="the benchmarks need a CUDA GPU with CuPy"):
+        small.main([])
+    with pytest.raises(SystemExit, match="this machine has none"):
+        timing.require_gpu()

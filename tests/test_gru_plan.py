@@ -730,7 +730,7 @@ def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
     assert _device._SCRATCH == {}
 
 
-def test_auto_takes_the_small_path_within_its_limits():
+def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
     """path="auto" runs the small path on tiny shapes and while small_chain stays within
     SMALL_AUTO_MAX_CHAIN; path="small" beyond SMALL_MAX_UNITS is a ValueError naming the
     path and the units; without T and I (the planner's callers in tools), auto leaves it out."""
@@ -745,6 +745,11 @@ def test_auto_takes_the_small_path_within_its_limits():
         plans.choose("small", 4, 129, 2, f32, False, 8, 8)
     with pytest.raises(ValueError, match="use plans.backward"):
         plans.backward_recurrence(None, None, None, plans.SMALL)
+    from cugru import _plan
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(id=0))
+    assert plans.choose("auto", 1, 1, 1, f32) is plans.STEPS
 
 
 def test_small_path_on_numpy_runs_the_oracle(rng):

@@ -392,8 +392,9 @@ def before(py, tree, label, out):
         where = subprocess.run([py, "-c", "import cugru, cukernels; print(cugru.__file__); "
                                 "print(cukernels.__file__)"], cwd=tree, capture_output=True,
                                text=True, env={**os.environ, **base_env}).stdout.split()
-        if len(where) != 2 or not all(os.path.realpath(w).startswith(os.path.realpath(tree))
-                                      for w in where):
+        base = os.path.realpath(tree)
+        if len(where) != 2 or not all(
+                os.path.commonpath([os.path.realpath(w), base]) == base for w in where):
             raise RuntimeError(f"the base tree's run imports {where}, not {tree}'s packages")
         for k in range(ROUNDS):
             for which, cmd, env_k, cwd in (

@@ -106,7 +106,7 @@ def host_pieces(sid, reps=2000):
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
     x, dt = a["x"], a["x"].dtype
     args = _args.forward_args(x, a["h0"], *w, bi, False)
-    plan = _plan.choose("auto", B, H, D, dt)
+    plan = _plan.choose("auto", B, H, D, dt, False, T, I)
     fwd = _passes.ForwardPass(args)
     kern = plan.kernels("float")[1] if isinstance(plan, _plan.TilePlan) else None
 
@@ -125,7 +125,7 @@ def host_pieces(sid, reps=2000):
         "gru_forward (all)": lambda: cugru.gru_forward(x, a["h0"], *w, bidirectional=bi,
                                                        training=False),
         "forward_args": lambda: _args.forward_args(x, a["h0"], *w, bi, False),
-        "choose": lambda: _plan.choose("auto", B, H, D, dt),
+        "choose": lambda: _plan.choose("auto", B, H, D, dt, False, T, I),
         "ForwardPass (allocations)": lambda: _passes.ForwardPass(args),
         "copy_bytes (h0)": lambda: _device.copy_bytes(fwd.hs.data.ptr, a["h0"].data.ptr,
                                                       B * H * D * dt.itemsize),

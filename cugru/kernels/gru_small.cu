@@ -48,7 +48,8 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
                                   int L) {
     extern __shared__ __align__(16) unsigned char gru_small_smem[];
     T* h = reinterpret_cast<T*>(gru_small_smem);          // two buffers of D*B*H
-    const int units = D * B * H, S = steps + 1;
+    const int units = D * B * H;
+    const long long S = steps + 1LL;
     const long long H3 = 3LL * H;
     const int lane = threadIdx.x & (L - 1), groups = blockDim.x / L;
     for (int i = threadIdx.x; i < units; i += blockDim.x) {
@@ -78,7 +79,7 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
                 const T* ur = w_hh + (d * H3 + j) * H;
                 const long long wi = (long long)H * I, wh = (long long)H * H;
 #pragma unroll 4
-                for (int k = lane; k < I; k += L) {
+                for (long long k = lane; k < I; k += L) {
                     const T v = xt[k];
                     ir += wr[k] * v;
                     iz += wr[wi + k] * v;
@@ -206,7 +207,7 @@ __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict
             const int k = (int)(f - dg * H);
             const int d = (int)(dg / H3);
             const T* gh = dgh + (long long)d * rows * H3 + (dg - d * H3);
-            const T* hv = hs + (long long)d * (steps + 1) * B * H + k;
+            const T* hv = hs + (long long)d * (steps + 1LL) * B * H + k;
             dw_hh[f] = gru_small_rowsum<T>(
                 rows, [&](long long row) { return gh[row * H3] * hv[row * H]; });
             continue;
