@@ -65,6 +65,14 @@ def contiguous(a) -> bool:
     return a.flags.c_contiguous
 
 
+def gpu_flat_type():
+    """cupy's ndarray type where it keeps its C-contiguity as the attribute ``_c_contiguous``
+    (the arrays the calls' fast paths take), else None."""
+    if _CP_ND is False:
+        _cupy_ndarray()
+    return _CP_FLAT
+
+
 def gpu_array(a) -> bool:
     """Whether `a` is a plain cupy array whose C-contiguity is its attribute
     ``_c_contiguous`` (the arrays that the calls' fast paths take)."""

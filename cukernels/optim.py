@@ -29,9 +29,47 @@ _RANGES = {"learning_rate": (None, None), "lambda1": (0.0, None), "lambda2": (0.
            "eps": (0.0, None), "beta": (0.0, 1.0), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0)}
 
 
+def _plain_call(delta_weights, weights, states, batch_size, variant, scalars):
+    """Whether the call is the common one, checked with the least host work: every array a
+    C-contiguous cupy array of one float dtype and shape, none overlapping another; an int
+    batch_size >= 1; a known variant; every scalar a plain float inside its range and
+    float32's. Anything else (every error included) goes through the general checks, which
+    decide it the same way and word the errors."""
+    nd = checks.gpu_flat_type()
+    if nd is None or type(weights) is not nd:
+        return False
+    dt, shape = weights.dtype, weights.shape
+    if dt not in checks.FLOAT_DTYPES or not weights.ndim or not weights.size:
+        return False
+    arrays = (delta_weights, weights, *states.values())
+    for a in arrays:
+        if type(a) is not nd or a.dtype is not dt or a.shape != shape or not a._c_contiguous:
+            return False
+    # (all of one size: no two overlap where their starts lie that size apart or more)
+    starts = sorted(a.data.ptr for a in arrays)
+    nbytes = weights.nbytes
+    for a0, b0 in zip(starts, starts[1:]):
+        if b0 - a0 < nbytes:
+            return False
+    if type(batch_size) is not int or batch_size < 1 or variant not in _VARIANTS:
+        return False
+    limit = checks.F32_OVERFLOW
+    for name, value in scalars.items():
+        low, high = _RANGES[name]
+        if not (type(value) is float and (low is None or value >= low) and (
+                value < high if high is not None else -limit < value < limit)):
+            return False
+    return True
+
+
+_VARIANTS = ("standard", "book")
+
+
 def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
     """Check the arrays and scalars; True to run the kernels, False for the oracle. Returns
     (gpu, {name: scalar in the arrays' dtype})."""
+    if _plain_call(delta_weights, weights, states, batch_size, variant, scalars):
+        return True, scalars
     arrays = {"delta_weights": delta_weights, "weights": weights, **states}
     xp = checks.backend(**arrays)
     dt = checks.check_array("weights", weights, ndim=None)
@@ -148,7 +186,7 @@ def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, lear
                        {"momentum_m": momentum_m, "momentum_v": momentum_v}, batch_size, variant,
                        {"learning_rate": learning_rate, "beta1": beta1, "beta2": beta2,
                         "lambda1": lambda1, "lambda2": lambda2, "eps": eps})
-    if variant == "standard":
+    if variant == "standard" and not (type(t) is int and t >= 1):
         if t is None:
             raise ValueError("t (the step number, from 1) is required for variant='standard'")
         checks.integer("t", t, min_value=1)

@@ -268,6 +268,34 @@ def test_elementwise_fast_path_checks_as_the_others(cp, rng):
         cp.testing.assert_array_equal(fast, fn(x32, out=out, **kw))
 
 
+def test_update_fast_path_checks_as_the_others(cp, rng):
+    """A plain update call (cupy arrays, plain floats, an int batch: the fast path) refuses
+    what the general checks refuse, and gives the bits of a call with numpy scalars."""
+    n = 40
+    buf = cp.zeros(2 * n, cp.float32)
+    w = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    with pytest.raises(ValueError, match="momentum_m and momentum_v share memory"):
+        ck.adam_update(cp.ones(n, cp.float32), w, buf[:n], buf[n // 2:n // 2 + n], 2, t=1)
+    with pytest.raises(ValueError, match="beta1 must be < 1.0"):
+        ck.adam_update(cp.ones(n, cp.float32), w, cp.zeros(n, cp.float32),
+                       cp.zeros(n, cp.float32), 2, beta1=1.0, t=1)
+    with pytest.raises(ValueError, match="learning_rate must be finite in float32"):
+        ck.sgd_update(cp.ones(n, cp.float32), w, 2, learning_rate=1e39)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ck.sgd_update(cp.ones(n, cp.float32), w, 0)
+    with pytest.raises(ValueError, match="t must be >= 1"):
+        ck.adam_update(cp.ones(n, cp.float32), w, cp.zeros(n, cp.float32),
+                       cp.zeros(n, cp.float32), 2, t=0)
+    d = rng.standard_normal(n).astype(np.float32)
+    results = []
+    for wrap in (float, np.float32):      # (numpy scalars take the general checks)
+        D, w2, m, v = (cp.asarray(a) for a in (d, np.ones(n, np.float32),
+                                               np.zeros(n, np.float32), np.zeros(n, np.float32)))
+        ck.adam_update(D, w2, m, v, 4, wrap(1e-3), wrap(0.9), wrap(0.999), t=3)
+        results.append(cp.concatenate([w2, m, v]))
+    cp.testing.assert_array_equal(results[0], results[1])
+
+
 @pytest.mark.slow
 def test_update_beyond_2_pow_31_elements(cp):
     n = 2**31 + 5
