@@ -270,7 +270,8 @@ def test_elementwise_fast_path_checks_as_the_others(cp, rng):
 
 def test_update_fast_path_checks_as_the_others(cp, rng):
     """A plain update call (cupy arrays, plain floats, an int batch: the fast path) refuses
-    what the general checks refuse, and gives the bits of a call with numpy scalars."""
+    what the general checks refuse, and gives the bits of a call with numpy scalars of the
+    same values."""
     n = 40
     buf = cp.zeros(2 * n, cp.float32)
     w = cp.asarray(rng.standard_normal(n).astype(np.float32))
@@ -288,7 +289,9 @@ def test_update_fast_path_checks_as_the_others(cp, rng):
                        cp.zeros(n, cp.float32), 2, t=0)
     d = rng.standard_normal(n).astype(np.float32)
     results = []
-    for wrap in (float, np.float32):      # (numpy scalars take the general checks)
+    # (numpy scalars take the general checks; float64 ones hold the same values, where
+    # float32 ones would change the host's float64 bias factors)
+    for wrap in (float, np.float64):
         D, w2, m, v = (cp.asarray(a) for a in (d, np.ones(n, np.float32),
                                                np.zeros(n, np.float32), np.zeros(n, np.float32)))
         ck.adam_update(D, w2, m, v, 4, wrap(1e-3), wrap(0.9), wrap(0.999), t=3)
