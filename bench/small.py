@@ -6,8 +6,9 @@ pays: the host's work and the GPU's together) and the device time of a call.
 
     python -m bench.small [--json FILE] [--repeat N]
 
-The shapes straddle path="auto"'s limit (SMALL_AUTO_MAX_CHAIN): the table says which side
-each is on, so that the limit can be read against the times.
+The shapes straddle path="auto"'s limits (SMALL_AUTO_MAX_CHAIN, one per pass): the table says
+which plan auto takes in each pass, and times auto itself beside the small path and the
+other plan, so that the limits can be read against the times.
 """
 from __future__ import annotations
 
@@ -97,14 +98,16 @@ def measure(repeat=100):
             w = tuple(w)
             fast = plans.fast_plan(B, H, D, np.float32)
             other = "fast" if plans.auto_takes(fast, B, H) else "steps"
-            runs = {"other": _ours(x, h0, w, dy, bi, other)}
+            runs = {"auto": _ours(x, h0, w, dy, bi, "auto"),
+                    "other": _ours(x, h0, w, dy, bi, other)}
             if plans.SMALL.fits(B, H, D):
                 runs["small"] = _ours(x, h0, w, dy, bi, "small")
             if torch is not None:
                 runs["cudnn"] = _cudnn(torch, x, h0, w, dy, bi)
+            takes = [plans.small_takes(T, B, I, H, D, back) for back in (False, True)]
             for kind in ("inference", "train step"):
                 row = {"shape": name, "dims": [T, B, I, H, D], "pass": kind, "other": other,
-                       "auto_small": plans.small_takes(T, B, I, H, D)}
+                       "auto_small": takes[:1] if kind == "inference" else takes}
                 for label, fns in runs.items():
                     row[f"{label}_wall_us"] = timing.host_time_us(fns[kind], n_repeat=repeat,
                                                                   sync=sync)
@@ -118,18 +121,20 @@ def measure(repeat=100):
 
 
 def markdown(rows):
+    """The table: per shape and pass, what auto runs and its time, the small path's, the
+    other plan's and cuDNN's (wall clock / device time, µs)."""
     f = lambda r, k: "-" if r.get(k) is None else f"{r[k]:.1f}"  # noqa: E731
-    lines = ["| shape (T, B, I, H, D) | pass | auto takes small | small: wall / device (µs) | "
-             "without it (path): wall / device | cuDNN: wall / device | small vs cuDNN "
-             "(wall) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| shape (T, B, I, H, D) | pass | auto takes (forward, backward) | auto | small | "
+             "without it (path) | cuDNN | cuDNN / auto (wall) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = (f"{r['cudnn_wall_us'] / r['small_wall_us']:.2f}x"
-                 if r.get("small_wall_us") and r.get("cudnn_wall_us") else "-")
-        lines.append(f"| {r['shape']} {tuple(r['dims'])} | {r['pass']} | "
-                     f"{'yes' if r['auto_small'] else 'no'} | {f(r, 'small_wall_us')} / "
-                     f"{f(r, 'small_gpu_us')} | ({r['other']}) {f(r, 'other_wall_us')} / "
-                     f"{f(r, 'other_gpu_us')} | {f(r, 'cudnn_wall_us')} / "
-                     f"{f(r, 'cudnn_gpu_us')} | {ratio} |")
+        ratio = (f"{r['cudnn_wall_us'] / r['auto_wall_us']:.2f}x"
+                 if r.get("auto_wall_us") and r.get("cudnn_wall_us") else "-")
+        takes = ", ".join("small" if t else r["other"] for t in r["auto_small"])
+        cell = lambda k: f"{f(r, k + '_wall_us')} / {f(r, k + '_gpu_us')}"  # noqa: E731
+        lines.append(f"| {r['shape']} {tuple(r['dims'])} | {r['pass']} | {takes} | "
+                     f"{cell('auto')} | {cell('small')} | ({r['other']}) {cell('other')} | "
+                     f"{cell('cudnn')} | {ratio} |")
     return lines
 
 

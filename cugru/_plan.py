@@ -19,7 +19,7 @@ The first three plans run the recurrence alone; the passes around it are shared.
 runs the whole pass (``whole_pass``).
 
 ``choose(path, B, H, D, dtype, backward, T, I)`` gives the plan a call runs: for
-path="auto" SMALL where the shape is small enough (``small_takes``), else a TilePlan or
+path="auto" SMALL where the pass is short enough (``small_takes``), else a TilePlan or
 PersistPlan where ``fast_plan`` finds one and the limits below say it beats the per-step
 path, else STEPS.
 """
@@ -133,10 +133,13 @@ STEPS = StepsPlan()
 #: the small path holds at most this many units (D*B*H) of a step: its one block keeps them in
 #: shared memory (backward: 4 elements a unit, 32 KiB in double, within the default 48 KiB)
 SMALL_MAX_UNITS = 1024
-#: path="auto" takes the small path while the longest chain of work one thread of its block
-#: does in a pass (``small_chain``, in multiply-adds) stays at most this: then the whole
-#: pass takes about as long on the GPU as the host takes to issue the launches it replaces
-SMALL_AUTO_MAX_CHAIN = 2048
+#: path="auto" takes the small path for a pass while the longest chain of work one thread of
+#: its block does in that pass (``small_chain``, in multiply-adds) stays at most this, per
+#: pass: then the pass takes about as long on the GPU as the host takes to issue the
+#: launches it replaces. Measured on an H100 (python -m bench.small, docs/performance.md):
+#: forward, the small path won at chains up to 320 and lost from 448; backward, it won up
+#: to 6100 (and beyond, unevenly) and lost at 15744
+SMALL_AUTO_MAX_CHAIN = {"forward": 384, "backward": 6144}
 #: the small forward kernel splits each unit's products over L lanes (the fewest powers of
 #: two, up to 32, that cover I and H), halved while its block would take more than this many
 #: turns over a step's units
@@ -195,23 +198,25 @@ def small_lanes(I, H, units):
 
 
 def small_chain(T, B, I, H, D):
-    """The longest chain of dependent work one thread of the small path's block does in a
-    pass, in multiply-adds (a shuffle counted as one): forward, T steps of its turns over
-    the units, each ceil(I/L) + ceil(H/L) products and log2(L) shuffles; backward, T steps
-    of 3H per unit it takes, then its share of the tail's sums (T*B*I + D*3H*(I + H + 2) of
-    them, each over D*3H or T*B terms)."""
+    """{"forward": ..., "backward": ...}: the longest chain of dependent work one thread of
+    the small path's block does in each pass, in multiply-adds (a shuffle counted as one):
+    forward, T steps of its turns over the units, each ceil(I/L) + ceil(H/L) products and
+    log2(L) shuffles; backward, T steps of 3H per unit it takes, then its share of the
+    tail's sums (T*B*I + D*3H*(I + H + 2) of them, each over D*3H or T*B terms)."""
     units, nt = D * B * H, cat.SMALL_THREADS
     lanes = small_lanes(I, H, units)
     turns = -(-units // (nt // lanes))
     forward = T * turns * (-(-I // lanes) + -(-H // lanes) + lanes.bit_length() - 1)
     tail = -(-(T * B * I + D * 3 * H * (I + H + 2)) // nt) * max(T * B, D * 3 * H)
-    return max(forward, T * -(-units // nt) * 3 * H + tail)
+    return {"forward": forward, "backward": T * -(-units // nt) * 3 * H + tail}
 
 
 @functools.lru_cache(maxsize=1024)
-def small_takes(T, B, I, H, D):
-    """Whether path="auto" runs the small path on this shape."""
-    return SMALL.fits(B, H, D) and small_chain(T, B, I, H, D) <= SMALL_AUTO_MAX_CHAIN
+def small_takes(T, B, I, H, D, backward=False):
+    """Whether path="auto" runs the small path for this shape's forward (or backward) pass.
+    The passes decide apart: both share every buffer's layout."""
+    kind = "backward" if backward else "forward"
+    return SMALL.fits(B, H, D) and small_chain(T, B, I, H, D)[kind] <= SMALL_AUTO_MAX_CHAIN[kind]
 
 
 # --------------------------------------------------------------------------------- persist
@@ -555,7 +560,7 @@ _CHOSEN: dict = {}
 def choose(path, B, H, D, dtype, backward=False, T=0, I=0):
     """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
     T and I (the sequence length and input size), path="auto" leaves the small path out."""
-    if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D)):
+    if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "

@@ -37,17 +37,19 @@ def test_call_table_judges_each_goal_and_shows_the_earlier_tree():
 def test_small_table_keeps_shapes_the_small_path_does_not_hold():
     from bench import small
     rows = [{"shape": "tiny", "dims": [1, 1, 1, 1, 1], "pass": "inference", "other": "fast",
-             "auto_small": True, "other_wall_us": 60.0, "other_gpu_us": 58.0,
+             "auto_small": [True], "auto_wall_us": 30.0, "auto_gpu_us": 31.0,
+             "other_wall_us": 60.0, "other_gpu_us": 58.0,
              "small_wall_us": 30.0, "small_gpu_us": 31.0, "cudnn_wall_us": 75.0,
              "cudnn_gpu_us": 70.0},
             {"shape": "big", "dims": [8, 64, 8, 64, 2], "pass": "train step", "other": "steps",
-             "auto_small": False, "other_wall_us": 90.0, "other_gpu_us": 88.0,
+             "auto_small": [False, True], "auto_wall_us": 85.0, "auto_gpu_us": 84.0,
+             "other_wall_us": 90.0, "other_gpu_us": 88.0,
              "cudnn_wall_us": 80.0, "cudnn_gpu_us": 79.5}]
     lines = small.markdown(rows)
-    assert lines[2] == ("| tiny (1, 1, 1, 1, 1) | inference | yes | 30.0 / 31.0 | (fast) 60.0 / "
-                        "58.0 | 75.0 / 70.0 | 2.50x |")
-    assert lines[3] == ("| big (8, 64, 8, 64, 2) | train step | no | - / - | (steps) 90.0 / "
-                        "88.0 | 80.0 / 79.5 | - |")
+    assert lines[2] == ("| tiny (1, 1, 1, 1, 1) | inference | small | 30.0 / 31.0 | 30.0 / 31.0 "
+                        "| (fast) 60.0 / 58.0 | 75.0 / 70.0 | 2.50x |")
+    assert lines[3] == ("| big (8, 64, 8, 64, 2) | train step | steps, small | 85.0 / 84.0 | "
+                        "- / - | (steps) 90.0 / 88.0 | 80.0 / 79.5 | 0.94x |")
 
 
 def test_benchmarks_without_a_gpu_stop_with_one_line():

@@ -179,12 +179,22 @@ def test_auto_takes_the_small_path_on_small_shapes_and_repeats_its_bits(cp, pois
     """path="auto" runs the small path where small_takes says so (the same bits as
     path="small"), and the small path gives the same bits every call."""
     T, B, I, H, bi = shape
-    assert plans.small_takes(T, B, I, H, 2 if bi else 1)
+    assert all(plans.small_takes(T, B, I, H, 2 if bi else 1, back) for back in (False, True))
     g = to_gpu(cp, problem(rng, *shape, dtype=np.float32))
     first = run(g, path="small")
     for path in ("auto", "small", "auto"):
         for a, b in zip(first, run(g, path=path)):
             cp.testing.assert_array_equal(a, b)
+
+
+def test_auto_may_take_the_small_path_for_backward_alone(cp, rng):
+    """A shape whose forward pass is too long for the small path, its backward pass not:
+    auto runs a persistent forward pass and a small backward pass, and gets the oracle's
+    results."""
+    T, B, I, H = 16, 1, 32, 32
+    assert not plans.small_takes(T, B, I, H, 1) and plans.small_takes(T, B, I, H, 1, True)
+    p = problem(rng, T, B, I, H, False)
+    _check([cp.asnumpy(a) for a in run(to_gpu(cp, p))], p, np.float64)
 
 
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):

@@ -732,14 +732,25 @@ def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
 
 def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
     """path="auto" runs the small path on tiny shapes and while small_chain stays within
-    SMALL_AUTO_MAX_CHAIN; path="small" beyond SMALL_MAX_UNITS is a ValueError naming the
+    SMALL_AUTO_MAX_CHAIN, each pass on its own; path="small" beyond SMALL_MAX_UNITS is a
+    ValueError naming the
     path and the units; without T and I (the planner's callers in tools), auto leaves it out."""
     f32 = np.dtype(np.float32)
     assert plans.choose("auto", 1, 1, 1, f32, False, 1, 1) is plans.SMALL
     assert plans.choose("small", 1, 1, 1, f32, True, 1000, 64) is plans.SMALL
-    assert plans.small_chain(1000, 1, 64, 64, 1) > plans.SMALL_AUTO_MAX_CHAIN
+    chain = plans.small_chain(1000, 1, 64, 64, 1)
+    assert chain["forward"] > plans.SMALL_AUTO_MAX_CHAIN["forward"]
+    assert chain["backward"] > plans.SMALL_AUTO_MAX_CHAIN["backward"]
     assert not plans.small_takes(1000, 1, 64, 64, 1)
+    assert not plans.small_takes(1000, 1, 64, 64, 1, True)
     assert plans.small_takes(8, 4, 8, 8, 2) and not plans.small_takes(8, 4, 8, 129, 2)
+    # a shape whose forward pass is too long for the small path, its backward pass not
+    T, B, I, H = 16, 1, 32, 32
+    chain = plans.small_chain(T, B, I, H, 1)
+    assert chain["forward"] > plans.SMALL_AUTO_MAX_CHAIN["forward"]
+    assert chain["backward"] <= plans.SMALL_AUTO_MAX_CHAIN["backward"]
+    assert plans.choose("auto", B, H, 1, f32, True, T, I) is plans.SMALL
+    assert not plans.small_takes(T, B, I, H, 1)
     assert plans.SMALL.fits(4, 128, 2) and not plans.SMALL.fits(4, 129, 2)
     with pytest.raises(ValueError, match=r"path='small': D\*B\*H = 1032 units"):
         plans.choose("small", 4, 129, 2, f32, False, 8, 8)
