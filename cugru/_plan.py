@@ -137,12 +137,18 @@ SMALL_MAX_UNITS = 1024
 #: its block does in that pass (``small_chain``, in multiply-adds) stays at most this, per
 #: pass: then the pass takes about as long on the GPU as the host takes to issue the
 #: launches it replaces. Measured on an H100 (python -m bench.small, docs/performance.md):
-#: forward, the small path won at chains up to 320 and lost from 448; backward, it won up
-#: to 6100 (and beyond, unevenly) and lost at 15744
-SMALL_AUTO_MAX_CHAIN = {"forward": 384, "backward": 6144}
-#: the small forward kernel splits each unit's products over L lanes (the fewest powers of
-#: two, up to 32, that cover I and H), halved while its block would take more than this many
-#: turns over a step's units
+#: forward, the small path won at chains up to 840 and tied or lost from 1728; backward, it
+#: won up to 6100 (and beyond, unevenly) and lost at 15744
+SMALL_AUTO_MAX_CHAIN = {"forward": 1024, "backward": 6144}
+#: a forward step's fixed cost in small_chain's units, whatever the shape: the barrier, the
+#: cell and its stores (about 1.2 µs a step on an H100, where a turn's product of 2 x 16
+#: terms cost about 0.05 µs more)
+SMALL_STEP_COST = 16
+#: the small forward kernel splits each unit's products over L lanes: where the block's
+#: threads hold every unit of a step at once, as many lanes as leave one turn a step (up
+#: to the fewest powers of two, up to 32, that cover I and H: each turn costs a full chain
+#: of loads, shuffles and the cell); beyond, those that cover I and H, halved while the
+#: block would take more than this many turns over a step's units
 SMALL_MAX_TURNS = 16
 
 
@@ -192,6 +198,10 @@ def small_lanes(I, H, units):
     lanes = 1
     while lanes < 32 and lanes < max(I, H):
         lanes *= 2
+    if units <= cat.SMALL_THREADS:
+        while units * lanes > cat.SMALL_THREADS:
+            lanes //= 2
+        return lanes
     while lanes > 1 and units * lanes > SMALL_MAX_TURNS * cat.SMALL_THREADS:
         lanes //= 2
     return lanes
@@ -200,13 +210,15 @@ def small_lanes(I, H, units):
 def small_chain(T, B, I, H, D):
     """{"forward": ..., "backward": ...}: the longest chain of dependent work one thread of
     the small path's block does in each pass, in multiply-adds (a shuffle counted as one):
-    forward, T steps of its turns over the units, each ceil(I/L) + ceil(H/L) products and
-    log2(L) shuffles; backward, T steps of 3H per unit it takes, then its share of the
-    tail's sums (T*B*I + D*3H*(I + H + 2) of them, each over D*3H or T*B terms)."""
+    forward, T steps of SMALL_STEP_COST and its turns over the units, each ceil(I/L) +
+    ceil(H/L) products and log2(L) shuffles; backward, T steps of 3H per unit it takes,
+    then its share of the tail's sums (T*B*I + D*3H*(I + H + 2) of them, each over D*3H or
+    T*B terms)."""
     units, nt = D * B * H, cat.SMALL_THREADS
     lanes = small_lanes(I, H, units)
     turns = -(-units // (nt // lanes))
-    forward = T * turns * (-(-I // lanes) + -(-H // lanes) + lanes.bit_length() - 1)
+    forward = T * (SMALL_STEP_COST
+                   + turns * (-(-I // lanes) + -(-H // lanes) + lanes.bit_length() - 1))
     tail = -(-(T * B * I + D * 3 * H * (I + H + 2)) // nt) * max(T * B, D * 3 * H)
     return {"forward": forward, "backward": T * -(-units // nt) * 3 * H + tail}
 
