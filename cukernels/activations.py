@@ -51,7 +51,8 @@ def _elementwise(name, arrays, scalars, out):
         # the common call first, with the least host work: one C-contiguous cupy array of
         # float32 or float64, no `out`, plain float scalars that need no rounding check
         x, = arrays.values()
-        if checks.gpu_array(x) and x._c_contiguous and x.ndim and x.size:
+        nd = checks.gpu_flat_type()
+        if nd is not None and type(x) is nd and x._c_contiguous and x.ndim and x.size:
             ct = _CTYPE.get(x.dtype)
             a, b = scalars.get("a", 0.0), scalars.get("b", 0.0)
             if (ct is not None and type(a) is float and type(b) is float

@@ -73,14 +73,6 @@ def gpu_flat_type():
     return _CP_FLAT
 
 
-def gpu_array(a) -> bool:
-    """Whether `a` is a plain cupy array whose C-contiguity is its attribute
-    ``_c_contiguous`` (the arrays that the calls' fast paths take)."""
-    if _CP_ND is False:
-        _cupy_ndarray()
-    return _CP_FLAT is not None and type(a) is _CP_FLAT
-
-
 def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
     """Validate one array argument; returns its dtype. Errors name the argument."""
     dt = a.dtype
