@@ -10,6 +10,7 @@ shape runs, for tools and benchmarks.
 """
 from . import oracle
 from .gru import gru_backward, gru_forward
+from .quant import QuantSpec
 from .saved import GruSaved
 
-__all__ = ["gru_forward", "gru_backward", "GruSaved", "oracle"]
+__all__ = ["gru_forward", "gru_backward", "GruSaved", "QuantSpec", "oracle"]

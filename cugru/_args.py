@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from cukernels import checks
 
+from .quant import check_quant
 from .saved import GruSaved
 
 _INT_MAX = 2**31 - 1
@@ -32,6 +33,7 @@ class ForwardArgs(NamedTuple):
     dims: tuple            # (T, B, I, H, D)
     training: bool
     squeeze: bool          # the weights came without the direction axis
+    quant: object = None   # a cugru.QuantSpec, or None
 
 
 def check_path(path):
@@ -58,8 +60,10 @@ def _weight(name, a, D, rows, cols, cols_of):
     return a, False
 
 
-def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training) -> ForwardArgs:
+def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
+                 quant=None) -> ForwardArgs:
     """Validate the forward arguments (errors name the argument)."""
+    check_quant(quant)
     bidirectional = checks.flag("bidirectional", bidirectional)
     training = checks.flag("training", training)
     xp = checks.backend(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
@@ -99,7 +103,8 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training) -> Forw
                            shape_of="(D, B, H) from bidirectional, x and w_hh")
     if max(T * B, G * D, I) > _INT_MAX:
         raise ValueError("x or the weights have a dimension above 2**31 - 1 (T*B, D*3H or I)")
-    return ForwardArgs(xp, x, h0, w_ih3, w_hh3, b_ih2, b_hh2, (T, B, I, H, D), training, squeeze)
+    return ForwardArgs(xp, x, h0, w_ih3, w_hh3, b_ih2, b_hh2, (T, B, I, H, D), training, squeeze,
+                       quant)
 
 
 def backward_args(dy, dh_n, saved):

@@ -6,6 +6,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_persist.cu  W_hh in shared memory, a cooperative grid    (PersistPlan)
     gru_tile.cu     W_hh in registers: block, cluster, grid      (TilePlan)
     gru_tail.cu     the backward tail's chunk sums               (every backward pass)
+    gru_quant.cu    the fake quantizers of weights, x and h0     (quantization-aware calls)
     gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
     gru_probes.cu   barriers alone, for the benchmark
 
@@ -31,6 +32,8 @@ _BOOL = ("false", "true")
 STEP_THREADS = 256
 #: threads of the small path's one block
 SMALL_THREADS = 256
+#: threads per block of the quantizers (gru_quant.cu): a block per weight row
+QUANT_THREADS = 128
 #: threads per block of the persist kernels (GRU_PERSIST_THREADS)
 PERSIST_THREADS = 256
 #: batch rows per thread that the persist kernels are built for, per element size (double
@@ -54,6 +57,11 @@ TILES = {
     + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (0, 4, 8, 256, 2)),
     8: tuple((c, 8, r, 256, 1) for c in CLUSTERS for r in (1, 4)) + ((0, 8, 4, 256, 1),),
 }
+#: tiles built without a quantization-aware backward kernel (cugru.QuantSpec): one block
+#: of 512 threads with 2 units per thread holds 96 registers of weights of its 128, and the
+#: straight-through estimator's state mask does not fit beside them (it spilled); the
+#: planner gives a quantization-aware backward pass another split
+QAT_BACKWARD_LEFT_OUT = {4: ((1, 4, 1, 512, 2),), 8: ()}
 #: the most lanes per unit of the tile kernels at block and cluster scope (GRU_TILE_MAX_LANES)
 #: and at grid scope (GRU_GRID_MAX_LANES)
 TILE_MAX_LANES = 8
@@ -69,6 +77,7 @@ DEFINES = {
     "gru_persist.cu": ("PERSIST_THREADS",),
     "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES"),
     "gru_tail.cu": (),
+    "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
     "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
 }
@@ -79,57 +88,74 @@ def _defines(source):
 
 
 # --------------------------------------------------------------------------- instance names
+# (qat: the quantization-aware instance, cugru.QuantSpec; its own module, compiled on the
+# first quantization-aware call)
 @functools.lru_cache(maxsize=None)
-def step_forward(ctype, train):
-    return f"gru_forward_step<{ctype},{_BOOL[bool(train)]}>"
-
-
-@functools.lru_cache(maxsize=None)
-def step_backward(ctype):
-    return f"gru_backward_step<{ctype}>"
+def step_forward(ctype, train, qat=False):
+    return f"gru_forward_step<{ctype},{_BOOL[bool(train)]},{_BOOL[bool(qat)]}>"
 
 
 @functools.lru_cache(maxsize=None)
-def small_forward(ctype, train):
-    return f"gru_small_forward<{ctype},{_BOOL[bool(train)]}>"
+def step_backward(ctype, qat=False):
+    return f"gru_backward_step<{ctype},{_BOOL[bool(qat)]}>"
 
 
 @functools.lru_cache(maxsize=None)
-def small_backward(ctype):
-    return f"gru_small_backward<{ctype}>"
+def small_forward(ctype, train, qat=False):
+    return f"gru_small_forward<{ctype},{_BOOL[bool(train)]},{_BOOL[bool(qat)]}>"
 
 
 @functools.lru_cache(maxsize=None)
-def persist_forward(ctype, rows, train):
-    return f"gru_persist_forward<{ctype},{rows},{_BOOL[bool(train)]}>"
+def small_backward(ctype, qat=False):
+    return f"gru_small_backward<{ctype},{_BOOL[bool(qat)]}>"
 
 
 @functools.lru_cache(maxsize=None)
-def persist_backward(ctype, rows):
-    return f"gru_persist_backward<{ctype},{rows}>"
+def persist_forward(ctype, rows, train, qat=False):
+    return f"gru_persist_forward<{ctype},{rows},{_BOOL[bool(train)]},{_BOOL[bool(qat)]}>"
 
 
 @functools.lru_cache(maxsize=None)
-def tile_forward(ctype, tile, train):
+def persist_backward(ctype, rows, qat=False):
+    return f"gru_persist_backward<{ctype},{rows},{_BOOL[bool(qat)]}>"
+
+
+@functools.lru_cache(maxsize=None)
+def tile_forward(ctype, tile, train, qat=False):
     """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own."""
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
-    flag = _BOOL[bool(train)]
+    flags = f"{_BOOL[bool(train)]},{_BOOL[bool(qat)]}"
     if cluster == 0:
-        return f"gru_tile_grid_forward<{ctype},{rest},{flag}>"
-    return f"gru_tile_forward<{ctype},{cluster},{rest},{flag}>"
+        return f"gru_tile_grid_forward<{ctype},{rest},{flags}>"
+    return f"gru_tile_forward<{ctype},{cluster},{rest},{flags}>"
 
 
 @functools.lru_cache(maxsize=None)
-def tile_backward(ctype, tile):
+def tile_backward(ctype, tile, qat=False):
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
     if cluster == 0:
-        return f"gru_tile_grid_backward<{ctype},{rest}>"
-    return f"gru_tile_backward<{ctype},{cluster},{rest}>"
+        return f"gru_tile_grid_backward<{ctype},{rest},{_BOOL[bool(qat)]}>"
+    return f"gru_tile_backward<{ctype},{cluster},{rest},{_BOOL[bool(qat)]}>"
+
+
+def qat_group(ctype):
+    """The module (group) of a family's quantization-aware instances of `ctype`."""
+    return f"{ctype}-qat"
 
 
 @functools.lru_cache(maxsize=None)
 def sum_chunks(ctype):
     return f"gru_sum_chunks<{ctype}>"
+
+
+@functools.lru_cache(maxsize=None)
+def quant_operands(ctype):
+    return f"gru_quant_operands<{ctype}>"
+
+
+@functools.lru_cache(maxsize=None)
+def quant_masks(ctype):
+    return f"gru_quant_masks<{ctype}>"
 
 
 def cluster_barrier_probe(cluster):
@@ -153,13 +179,16 @@ def _tile_instances():
     """{ctype: names} of the tile family, and {name: tile} (for launched_on)."""
     groups, tiles = {}, {}
     for c in CTYPES:
-        names = []
-        for tile in TILES[ITEMSIZE[c]]:
-            for name in (tile_forward(c, tile, False), tile_forward(c, tile, True),
-                         tile_backward(c, tile)):
-                names.append(name)
-                tiles[name] = tile
-        groups[c] = tuple(names)
+        for qat, group in ((False, c), (True, qat_group(c))):
+            names = []
+            for tile in TILES[ITEMSIZE[c]]:
+                backward = () if qat and tile in QAT_BACKWARD_LEFT_OUT[ITEMSIZE[c]] else \
+                    (tile_backward(c, tile, qat),)
+                for name in (tile_forward(c, tile, False, qat), tile_forward(c, tile, True, qat),
+                             *backward):
+                    names.append(name)
+                    tiles[name] = tile
+            groups[group] = tuple(names)
     return groups, tiles
 
 
@@ -167,17 +196,25 @@ def _tile_launched_on(name, cc):
     return tile_runs_on(_tile_instances()[1][name], cc)
 
 
+def _with_qat(names):
+    """{group: names} of a family from `names(ctype, qat)`: one module per element type, and
+    one for its quantization-aware instances."""
+    return {g: tuple(names(c, qat)) for c in CTYPES
+            for qat, g in ((False, c), (True, qat_group(c)))}
+
+
 INSTANCES = {
-    "gru_steps.cu": lambda: {c: (step_forward(c, False), step_forward(c, True),
-                                 step_backward(c)) for c in CTYPES},
-    "gru_persist.cu": lambda: {c: tuple(n for r in PERSIST_ROWS[ITEMSIZE[c]]
-                                        for n in (persist_forward(c, r, False),
-                                                  persist_forward(c, r, True),
-                                                  persist_backward(c, r))) for c in CTYPES},
+    "gru_steps.cu": lambda: _with_qat(lambda c, q: (
+        step_forward(c, False, q), step_forward(c, True, q), step_backward(c, q))),
+    "gru_persist.cu": lambda: _with_qat(lambda c, q: (
+        n for r in PERSIST_ROWS[ITEMSIZE[c]]
+        for n in (persist_forward(c, r, False, q), persist_forward(c, r, True, q),
+                  persist_backward(c, r, q)))),
     "gru_tile.cu": lambda: _tile_instances()[0],
     "gru_tail.cu": lambda: {c: (sum_chunks(c),) for c in CTYPES},
-    "gru_small.cu": lambda: {c: (small_forward(c, False), small_forward(c, True),
-                                 small_backward(c)) for c in CTYPES},
+    "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
+    "gru_small.cu": lambda: _with_qat(lambda c, q: (
+        small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)
                               + (COUNTER_BARRIER_PROBE,)},
 }

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from . import _catalog as cat
 from . import _device as dev
+from . import _quantize
 from ._args import shaped_grads
+from .quant import NO_QUANT_ARGS
 from .saved import GruSaved
 
 #: the weight and bias gradients sum over all T*B rows; they do it in up to WGRAD_CHUNKS
@@ -39,13 +41,16 @@ class ForwardPass:
     without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
     hs without training (the plan keeps the states itself)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
-                 "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates")
+                 "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs")
 
     def __init__(self, a, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
         self.training = a.training
+        # the recurrent kernels' quantization arguments (their QAT instances with a.quant)
+        self.qat = a.quant is not None
+        self.qargs = _quantize.kernel_args(a.quant) if self.qat else NO_QUANT_ARGS
         self.x, self.h0, self.w_ih, self.w_hh = a.x, a.h0, a.w_ih, a.w_hh
         self.b_ih, self.b_hh = a.b_ih, a.b_hh
         self.S = S = T + 1 if a.training else 2
@@ -68,12 +73,14 @@ class BackwardPass:
     fills, or for a plan that runs the whole pass (`whole`) four arrays of the weights'
     shapes as given (dw: dw_ih, dw_hh, db_ih, db_hh; no views to make)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
-                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw")
+                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw", "qat", "qargs")
 
     def __init__(self, dy, dh_n, saved, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
         self.dtype = dt = dy.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
+        self.qat = saved.quant is not None
+        self.qargs = _quantize.kernel_args(saved.quant) if self.qat else NO_QUANT_ARGS
         self.dy, self.dh_n = dy, dh_n
         self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
         self.hs, self.gates = saved.hs, saved.gates
@@ -92,11 +99,19 @@ class BackwardPass:
 
 def forward(a, plan):
     """The forward pass of checked arguments `a` (cugru._args.ForwardArgs) on `plan`:
-    (y, h_n, GruSaved or None)."""
+    (y, h_n, GruSaved or None). With a.quant, the quantized operands first (a
+    quantization-aware pass: cugru/_quantize.py)."""
+    given = a
+    if a.quant is not None:
+        a = _quantize.operands(a)
     p = ForwardPass(a, plan.whole_pass)
     run_forward(p, a.h0, plan)
-    saved = GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze) if a.training else None
-    return p.y, p.h_n, saved
+    if not a.training:
+        return p.y, p.h_n, None
+    if a.quant is None:
+        return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze)
+    return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze, a.quant,
+                                given.x, given.h0)
 
 
 def run_forward(p, h0, plan):
@@ -131,9 +146,13 @@ def backward(dy, dh_n, saved, plan):
     with dev.Loop(p.dtype) as loop:
         plan.backward(loop, p)
         if plan.whole_pass:
-            return (p.dx, p.dh0) + p.dw
-        dx, dw_ih, dw_hh, db_ih, db_hh = tail(p, loop)
-    return (dx, p.dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+            dx, grads = p.dx, p.dw
+        else:
+            dx, *dw = tail(p, loop)
+            grads = shaped_grads(saved, *dw)
+    if p.qat:
+        _quantize.grad_masks(saved, dx, p.dh0)
+    return (dx, p.dh0) + tuple(grads)
 
 
 def run_recurrence(p, plan):

@@ -75,12 +75,12 @@ class StepsPlan:
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
         gh, = dev.scratch("steps", p.dtype, (D, B, G))
-        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training))
+        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,
                                  "hs": p.hs, "y": p.y,
                                  "gates": p.y if p.gates is None else p.gates, "steps": T,
-                                 "B": B, "H": H, "S": S, "s": 0}, step_arg="s")
+                                 "B": B, "H": H, "S": S, "s": 0, **p.qargs}, step_arg="s")
         w_hh, hs, ghp = p.w_hh.data.ptr, p.hs.data.ptr, gh.data.ptr
 
         def product(s, _keep=gh):
@@ -105,11 +105,11 @@ class StepsPlan:
             dev.zero_bytes(dh.data.ptr, dh.nbytes)
         else:
             dev.copy_bytes(dh.data.ptr, p.dh_n.data.ptr, dh.nbytes)
-        kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype))
+        kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh,
                                  "dgi": p.dgi, "dgh": p.dgh, "steps": T, "B": B, "H": H,
-                                 "s": 0}, step_arg="s")
+                                 "s": 0, **p.qargs}, step_arg="s")
         w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
 
         def product(s):
@@ -168,24 +168,25 @@ class SmallPlan:
     def forward(self, loop, p):
         """Fills p.y and p.h_n, and with training p.hs and p.gates (from p.x and p.h0)."""
         units = p.D * p.B * p.H
-        loop.launch(dev.kernel("gru_small.cu", cat.small_forward(p.ctype, p.training)), (1,),
-                    (cat.SMALL_THREADS,),
+        loop.launch(dev.kernel("gru_small.cu", cat.small_forward(p.ctype, p.training, p.qat)),
+                    (1,), (cat.SMALL_THREADS,),
                     {"x": p.x, "h0": p.h0, "w_ih": p.w_ih, "w_hh": p.w_hh, "b_ih": p.b_ih,
                      "b_hh": p.b_hh, "hs": p.hs, "y": p.y, "gates": p.gates, "h_n": p.h_n,
                      "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D,
-                     "L": small_lanes(p.I, p.H, units)},
+                     "L": small_lanes(p.I, p.H, units), **p.qargs},
                     shared_mem=2 * units * p.dtype.itemsize)
 
     def backward(self, loop, p):
         """Fills p.dgi, p.dgh, p.dh0, p.dx and the gradients p.dw."""
         units = p.D * p.B * p.H
         dw_ih, dw_hh, db_ih, db_hh = p.dw
-        loop.launch(dev.kernel("gru_small.cu", cat.small_backward(p.ctype)), (1,),
+        loop.launch(dev.kernel("gru_small.cu", cat.small_backward(p.ctype, p.qat)), (1,),
                     (cat.SMALL_THREADS,),
                     {"dy": p.dy, "dh_n": p.dh_n, "x": p.x, "w_ih": p.w_ih, "w_hh": p.w_hh,
                      "gates": p.gates, "hs": p.hs, "dgi": p.dgi, "dgh": p.dgh, "dx": p.dx,
                      "dh0": p.dh0, "dw_ih": dw_ih, "dw_hh": dw_hh, "db_ih": db_ih,
-                     "db_hh": db_hh, "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D},
+                     "db_hh": db_hh, "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D,
+                     **p.qargs},
                     shared_mem=4 * units * p.dtype.itemsize)
 
 
@@ -253,14 +254,15 @@ class PersistPlan:
     def scope(self):
         return "block" if self.blocks == 1 else "grid"
 
-    def kernel(self, ctype, kind):
+    def kernel(self, ctype, kind, qat=False):
         """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
-        forward pass without, "backward"), allowed its shared memory."""
+        forward pass without, "backward"), allowed its shared memory; `qat`: its
+        quantization-aware instance."""
         r = self.rows_per_thread
         if kind == "backward":
-            name, smem = cat.persist_backward(ctype, r), self.smem_bwd
+            name, smem = cat.persist_backward(ctype, r, qat), self.smem_bwd
         else:
-            name, smem = cat.persist_forward(ctype, r, kind == "train"), self.smem_fwd
+            name, smem = cat.persist_forward(ctype, r, kind == "train", qat), self.smem_fwd
         return dev.shared(dev.kernel("gru_persist.cu", name), smem)
 
     def kernels(self, ctype):
@@ -269,22 +271,23 @@ class PersistPlan:
 
     def forward(self, loop, p):
         cp = dev.cupy()
-        kern = self.kernel(p.ctype, "train" if p.training else "infer")
+        kern = self.kernel(p.ctype, "train" if p.training else "infer", p.qat)
         loop.launch(kern, (self.blocks, p.D), (cat.PERSIST_THREADS,),
                     {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                      "y": p.y, "gates": p.y if p.gates is None else p.gates,
                      "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "S": p.S, "J": self.units, "KC": self.kc_fwd},
+                     "S": p.S, "J": self.units, "KC": self.kc_fwd, **p.qargs},
                     shared_mem=self.smem_fwd, cooperative=self.blocks > 1)
 
     def backward(self, loop, p):
         cp = dev.cupy()
-        loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (cat.PERSIST_THREADS,),
+        loop.launch(self.kernel(p.ctype, "backward", p.qat), (self.blocks, p.D),
+                    (cat.PERSIST_THREADS,),
                     {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh,
                      "dh_n": cp.zeros((p.D, p.B, p.H), p.dtype) if p.dh_n is None else p.dh_n,
                      "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0,
                      "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "J": self.units, "KC": self.kc_bwd},
+                     "J": self.units, "KC": self.kc_bwd, **p.qargs},
                     shared_mem=self.smem_bwd, cooperative=self.blocks > 1)
 
 
@@ -375,13 +378,14 @@ class TilePlan:
         """the tile kernels' TILES entry"""
         return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
 
-    def kernel(self, ctype, kind):
+    def kernel(self, ctype, kind, qat=False):
         """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
-        forward pass without, "backward"), allowed its shared memory."""
+        forward pass without, "backward"), allowed its shared memory; `qat`: its
+        quantization-aware instance."""
         if kind == "backward":
-            name, smem = cat.tile_backward(ctype, self.tile), self.smem_bwd
+            name, smem = cat.tile_backward(ctype, self.tile, qat), self.smem_bwd
         else:
-            name, smem = cat.tile_forward(ctype, self.tile, kind == "train"), self.smem_fwd
+            name, smem = cat.tile_forward(ctype, self.tile, kind == "train", qat), self.smem_fwd
         return dev.shared(dev.kernel("gru_tile.cu", name), smem)
 
     def kernels(self, ctype):
@@ -399,22 +403,23 @@ class TilePlan:
         return {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                 "y": p.y, "gates": p.y if p.gates is None else p.gates, "h_n": p.h_n,
                 "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "J": self.units, "KS": self.lanes,
-                "R": self.rows, **self.group_args(p.D)}
+                "R": self.rows, **self.group_args(p.D), **p.qargs}
 
     def backward_args(self, p):
         """The backward kernel's arguments for the pass `p`."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh, "dh_n": p.dh_n,
                 "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0, "steps": p.T, "B": p.B, "H": p.H,
-                "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D)}
+                "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D),
+                **p.qargs}
 
     def forward(self, loop, p):
-        loop.launch(self.kernel(p.ctype, "train" if p.training else "infer"),
+        loop.launch(self.kernel(p.ctype, "train" if p.training else "infer", p.qat),
                     (self.blocks, p.D), (self.threads,), self.forward_args(p),
                     shared_mem=self.smem_fwd, cooperative=not self.cluster)
 
     def backward(self, loop, p):
-        loop.launch(self.kernel(p.ctype, "backward"), (self.blocks, p.D), (self.threads,),
-                    self.backward_args(p), shared_mem=self.smem_bwd,
+        loop.launch(self.kernel(p.ctype, "backward", p.qat), (self.blocks, p.D),
+                    (self.threads,), self.backward_args(p), shared_mem=self.smem_bwd,
                     cooperative=not self.cluster)
 
 
@@ -522,22 +527,25 @@ def _persist_resident_blocks(plan, dtype):
 
 
 # --------------------------------------------------------------------------------- planner
-def fast_plan(B, H, D, dtype, backward=False):
+def fast_plan(B, H, D, dtype, backward=False, qat=False):
     """The persistent split for batch B, hidden size H and D directions on the current GPU,
     for the forward pass (or with `backward` the backward pass; both passes share every
     buffer's layout, so they may take different splits): a TilePlan where the tile kernels
     hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
-    the per-step path)."""
+    the per-step path). `qat`: for a quantization-aware pass (a backward pass then leaves
+    out the tiles of cat.QAT_BACKWARD_LEFT_OUT)."""
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
-                      bool(backward))
+                      bool(backward), bool(qat and backward))
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False):
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat_backward=False):
     itemsize = np.dtype(dtype).itemsize
     d = dev.device()
+    left_out = cat.QAT_BACKWARD_LEFT_OUT[itemsize] if qat_backward else ()
     splits = [p for p in (tile_split(B, H, D, tile, r, itemsize)
-                          for tile in cat.TILES[itemsize] if cat.tile_runs_on(tile, d.cc)
+                          for tile in cat.TILES[itemsize]
+                          if cat.tile_runs_on(tile, d.cc) and tile not in left_out
                           for r in range(1, tile[2] + 1))
               if p is not None and max(p.smem_fwd, p.smem_bwd) <= d.smem_optin]
     # forward: block and cluster scope first, grid scope where neither holds the shape;
@@ -569,21 +577,22 @@ def auto_takes(plan, B, H):
 _CHOSEN: dict = {}
 
 
-def choose(path, B, H, D, dtype, backward=False, T=0, I=0):
+def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False):
     """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
-    T and I (the sequence length and input size), path="auto" leaves the small path out."""
+    T and I (the sequence length and input size), path="auto" leaves the small path out.
+    `qat`: for a quantization-aware pass (cugru.QuantSpec)."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
                              "use path='auto'")
         return SMALL
-    key = (path, B, H, D, dtype.char, dev.device().id, backward)
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat)
     plan = _CHOSEN.get(key)
     if plan is None:
         plan = STEPS
         if path != "steps":
-            fast = fast_plan(B, H, D, dtype, backward)
+            fast = fast_plan(B, H, D, dtype, backward, qat)
             if fast is None and path == "fast":
                 raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "

@@ -13,7 +13,7 @@ from ._args import backward_args, check_path, forward_args
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto"):
+                path="auto", quant=None):
     """Run a GRU layer over a sequence; torch.nn.GRU's maths and weight layout.
 
     x (T, B, I); h0 (D, B, H) or None (zeros); w_ih (D, 3H, I); w_hh (D, 3H, H);
@@ -26,8 +26,11 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     path (GPU): "auto" (the fastest plan for the shape), "fast" (a persistent plan, or a
     ValueError where none fits), "steps" (one launch per step), "small" (the whole pass in
     one launch of one block; a ValueError where D*B*H > 1024).
+    quant: a cugru.QuantSpec for quantization-aware training (fake-quantized weights, and
+    x, the state and the gates as it says; gru_backward then runs the straight-through
+    estimator), or None for the plain GRU.
     """
-    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant)
     check_path(path)
     if a.xp is np:
         return oracle.forward(a)
@@ -47,4 +50,5 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     xp, (T, B, I, H, D) = backward_args(dy, dh_n, saved)
     if xp is np:
         return oracle.backward(dy, dh_n, saved)
-    return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True, T, I))
+    return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True, T, I,
+                                                          saved.quant is not None))

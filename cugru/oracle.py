@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._args import backward_args, check_path, forward_args, shaped_grads
+from .quant import GATE_N, GATE_RZ, fake_quant, quant_rows
 from .saved import GruSaved
 
 
@@ -34,14 +35,39 @@ def _step_order(a, d):
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto"):
+                path="auto", quant=None):
     """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
     path; it is checked and has no effect here)."""
     check_path(path)
-    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant)
     if a.xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_forward for cupy")
     return forward(a)
+
+
+def _identity(v):
+    return v
+
+
+def _quantizer(qparams):
+    """v -> fq(v) on `qparams`, or the identity for None."""
+    if qparams is None:
+        return _identity
+    return lambda v: fake_quant(v, qparams)[0]
+
+
+def _mask(v, qparams):
+    """The straight-through estimator's mask of fq(v) (1 where nothing was clipped)."""
+    if qparams is None:
+        return 1
+    return fake_quant(v, qparams)[1].astype(v.dtype)
+
+
+def _cell_quantizers(quant):
+    """(fq of r and z, fq of n, fq of the state) of a quantization-aware pass."""
+    gates = quant is not None and quant.gates
+    return (_quantizer(GATE_RZ if gates else None), _quantizer(GATE_N if gates else None),
+            _quantizer(quant.h_qparams if quant is not None else None))
 
 
 def forward(a):
@@ -49,6 +75,13 @@ def forward(a):
     x, h0, w_ih, w_hh, b_ih, b_hh = a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh
     T, B, I, H, D = a.dims
     dt = x.dtype
+    q = a.quant
+    if q is not None:                 # the quantized operands, once per call
+        x = _quantizer(q.x_qparams)(x)
+        w_ih, w_hh = quant_rows(w_ih, q.weight_bits)[0], quant_rows(w_hh, q.weight_bits)[0]
+        if h0 is not None:
+            h0 = _quantizer(q.h_qparams)(h0)
+    fq_rz, fq_n, fq_h = _cell_quantizers(q)
     hs = np.empty((D, T + 1, B, H), dt)
     hs[:, 0] = 0 if h0 is None else h0
     gates = np.empty((D, T, B, 4 * H), dt)
@@ -62,13 +95,22 @@ def forward(a):
             r = _sigmoid(gi[s, :, :H] + gh[:, :H])
             z = _sigmoid(gi[s, :, H:2 * H] + gh[:, H:2 * H])
             hn = gh[:, 2 * H:]
-            n = np.tanh(gi[s, :, 2 * H:] + r * hn)
-            hs[d, s + 1] = (1 - z) * n + z * h
+            if q is None:
+                n = np.tanh(gi[s, :, 2 * H:] + r * hn)
+                hs[d, s + 1] = (1 - z) * n + z * h
+            else:                     # (the history keeps the gates before their quantizers)
+                rq, zq = fq_rz(r), fq_rz(z)
+                n = np.tanh(gi[s, :, 2 * H:] + rq * hn)
+                nq = fq_n(n)
+                hs[d, s + 1] = fq_h((1 - zq) * nq + zq * h)
             gates[d, s] = np.concatenate([r, z, n, hn], axis=1)
         _step_order(y, d)[:, :, d * H:(d + 1) * H] = hs[d, 1:]
     h_n = hs[:, T].copy()
-    saved = GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze) if a.training else None
-    return y, h_n, saved
+    if not a.training:
+        return y, h_n, None
+    if q is None:
+        return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze)
+    return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0)
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):
@@ -84,6 +126,8 @@ def backward(dy, dh_n, saved):
     """The backward pass on checked arguments (numpy arrays)."""
     T, B, I, H, D = saved.dims
     dt = dy.dtype
+    q = saved.quant
+    fq_rz, fq_n, fq_h = _cell_quantizers(q)
     dgi = np.empty((T, B, D, 3 * H), dt)      # time order: the rows of x
     dgh = np.empty((D, T, B, 3 * H), dt)      # step order: the rows of hs
     dh0 = np.zeros((D, B, H), dt) if dh_n is None else dh_n.copy()
@@ -94,13 +138,27 @@ def backward(dy, dh_n, saved):
         for s in range(T - 1, -1, -1):
             g = saved.gates[d, s]
             r, z, n, hn = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
+            h = saved.hs[d, s]
             dh = dy_d[s] + carry
-            dn = dh * (1 - z) * (1 - n * n)
-            dz = dh * (saved.hs[d, s] - n) * z * (1 - z)
-            dr = dn * hn * r * (1 - r)
+            if q is None:
+                dn = dh * (1 - z) * (1 - n * n)
+                dz = dh * (h - n) * z * (1 - z)
+                dr = dn * hn * r * (1 - r)
+                r_used, z_used = r, z
+            else:   # the quantizers again, from the saved gates: their values and masks
+                gates_q = q.gates and (GATE_RZ, GATE_N)
+                rq, zq, nq = fq_rz(r), fq_rz(z), fq_n(n)
+                if q.h_qparams is not None:
+                    dh = dh * _mask((1 - zq) * nq + zq * h, q.h_qparams)
+                m_rz = (lambda v: _mask(v, GATE_RZ)) if gates_q else (lambda v: 1)
+                m_n = _mask(n, GATE_N) if gates_q else 1
+                dn = dh * (1 - zq) * m_n * (1 - n * n)
+                dz = dh * (h - nq) * m_rz(z) * z * (1 - z)
+                dr = dn * hn * m_rz(r) * r * (1 - r)
+                r_used, z_used = rq, zq
             dgi_d[s] = np.concatenate([dr, dz, dn], axis=1)
-            dgh[d, s] = np.concatenate([dr, dz, dn * r], axis=1)
-            carry = dh * z + dgh[d, s] @ saved.w_hh[d]
+            dgh[d, s] = np.concatenate([dr, dz, dn * r_used], axis=1)
+            carry = dh * z_used + dgh[d, s] @ saved.w_hh[d]
         dh0[d] = carry
     rows_i = dgi.reshape(T * B, D, 3 * H)
     x2 = saved.x.reshape(T * B, I)
@@ -110,4 +168,8 @@ def backward(dy, dh_n, saved):
     db_ih = rows_i.sum(axis=0)
     db_hh = dgh.sum(axis=(1, 2))
     dx = (dgi.reshape(T * B, D * 3 * H) @ saved.w_ih.reshape(D * 3 * H, I)).reshape(T, B, I)
+    if q is not None:
+        dx = dx * _mask(saved.x_real, q.x_qparams)
+        if saved.h0_real is not None:
+            dh0 = dh0 * _mask(saved.h0_real, q.h_qparams)
     return (dx, dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)

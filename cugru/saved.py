@@ -11,7 +11,11 @@ on one path may be followed by a backward on another). Shapes, D = 2 when bidire
                             product of the forward pass is recomputed
     x, w_ih, w_hh           the inputs of the backward pass's products (views, no copies)
 
-Size: (5T + 1)·D·B·H elements. Step order, not time order, makes every step's recurrent
+Size: (5T + 1)·D·B·H elements. A quantization-aware pass (cugru.QuantSpec) keeps the
+same history, with the gates before their quantizers (the backward pass quantizes them
+again, with the same bits, for its masks and products) and the states as quantized; x,
+w_ih and w_hh are then the quantized copies (T·B·I + D·3H·(I + H) more elements), and x
+and h0 as given are kept as views for the masks of dx and dh0. Step order, not time order, makes every step's recurrent
 product one strided-batched GEMM over both directions with a fixed stride.
 """
 from __future__ import annotations
@@ -28,6 +32,9 @@ class GruSaved:
     hs: object             # (D, T + 1, B, H)
     gates: object          # (D, T, B, 4H)
     squeeze: bool          # the weights came as (3H, ...) arrays: return gradients that way
+    quant: object = None   # the QuantSpec of a quantization-aware pass (else None); then
+    x_real: object = None  # x and h0 as given (x and the weights above are quantized):
+    h0_real: object = None  # the straight-through estimator's masks come from them
 
     @property
     def dims(self):

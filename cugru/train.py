@@ -3,6 +3,7 @@
     python -m cugru.train [--device auto|gpu|cpu] [--optimizer adam] [--epochs 15]
                           [--hidden 64] [--batch 32] [--lr LR] [--seed 0]
                           [--data FILE.npz] [--save FILE.npz] [--plot FILE.png]
+                          [--qat [--qat-epochs 4] [--freeze-epochs 2] [--export FILE.npz]]
 
 By default it reads scikit-learn's handwritten digits, each 8x8 image as a sequence of 8 rows
 of 8 features. ``--data`` takes your own sequences instead: an .npz with ``X`` (N, T, I) and
@@ -22,6 +23,15 @@ Model and the calls that compute it:
 
 numpy arrays run every call on the CPU (the oracles), cupy arrays on the GPU: the same code
 runs both, from the same seed and data order.
+
+``--qat`` goes on after the float epochs with quantization-aware training (cugru.QuantSpec:
+8-bit weights per row, x, the state and the gates fake-quantized) for ``--qat-epochs``
+epochs at a fifth of the learning rate: observers (cugru.qat.Observer) set the grids of x and
+of the state from a pass over the training set and keep moving them, then the grids are
+frozen for the last ``--freeze-epochs``. It prints the float and the QAT held-out accuracy
+side by side, and how often an integer-only inference of the int8 export (int8 operands,
+int32 accumulation, cugru.qat.integer_gru; the dense layer in float) predicts what the
+fake-quant model predicts. ``--export`` writes that export.
 """
 from __future__ import annotations
 
@@ -36,7 +46,8 @@ import numpy as np
 import cukernels as ck
 from cukernels import runtime
 
-from . import gru_backward, gru_forward
+from . import gru_backward, gru_forward, qat
+from .quant import QuantSpec
 
 OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop", "adadelta", "adam")
 #: learning rates that train the default model well in the default epochs
@@ -83,6 +94,7 @@ class Model:
 
     def __init__(self, xp, rng, n_features, hidden, n_classes, dtype=np.float32):
         self.xp, self.hidden = xp, hidden
+        self.quant = None                  # a QuantSpec: quantization-aware passes
         k = 1 / np.sqrt(hidden)            # torch.nn.GRU's initial range
         u = lambda *s: rng.uniform(-k, k, s).astype(dtype)  # noqa: E731
         dense = rng.uniform(-1, 1, (n_classes, 2 * hidden + 1)) * np.sqrt(3 / (2 * hidden))
@@ -94,7 +106,7 @@ class Model:
 
     def _gru(self, x, training):
         w = [self.params[n].w for n in self.GRU_PARAMS]
-        return gru_forward(x, None, *w, bidirectional=True, training=training)
+        return gru_forward(x, None, *w, bidirectional=True, training=training, quant=self.quant)
 
     def probabilities(self, x, training=False):
         """Class probabilities (B, C) for x (T, B, I); with the cache backward needs."""
@@ -197,9 +209,16 @@ def load_npz(path):
     return X32, y
 
 
+#: quantization-aware fine-tuning: its learning rate against the float epochs', and the
+#: grid the observers give x and the state
+QAT_LR_FACTOR = 0.2
+QAT_LEVELS = (-128, 127)
+
+
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
-          data=None, progress=True):
-    """Train and evaluate; returns a dict with the history, accuracy, timings and model."""
+          data=None, progress=True, qat_epochs=0, freeze_epochs=2):
+    """Train and evaluate; returns a dict with the history, accuracy, timings and model.
+    With qat_epochs, quantization-aware epochs follow (see the module's doc)."""
     if device == "auto":
         device = "gpu" if ck.gpu_available() else "cpu"
     if device == "gpu" and not ck.gpu_available():
@@ -222,15 +241,27 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     y_test = xp.asarray(labels[test])
     history, batch_losses, t, start = [], [], 0, time.perf_counter()
     epoch_seconds, mark = [], start
-    bar = _progress(epochs * (len(tr) // batch), progress)
-    for epoch in range(epochs):
+    bar = _progress((epochs + qat_epochs) * (len(tr) // batch), progress)
+    batches = lambda idx: xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # noqa
+    observers = None
+    for epoch in range(epochs + qat_epochs):
+        if epoch == epochs:         # quantization-aware from here: the observers' first look
+            float_accuracy = history[-1][1]
+            observers = _calibrate(model, batches, tr, batch)
+            lr *= QAT_LR_FACTOR
+        observing = observers is not None and epoch < epochs + qat_epochs - freeze_epochs
         perm = rng.permutation(tr)
         losses = []
         for k in range(0, len(perm) - batch + 1, batch):
             idx = perm[k:k + batch]
-            x = xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # (T, B, I)
+            x = batches(idx)                                       # (T, B, I)
             targets = xp.asarray(eye[labels[idx]])
+            if observers is not None:
+                model.quant = _spec(observers)
             p, cache = model.probabilities(x, training=True)
+            if observing:
+                observers[0].observe(x)
+                observers[1].observe(qat.states_before_quant(cache[2]))
             losses.append(float(-(targets * xp.log(p + 1e-12)).sum()) / batch)
             batch_losses.append(losses[-1])
             model.backward(p, targets, cache)
@@ -247,12 +278,54 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     bar.close()
     seconds = time.perf_counter() - start
     # the first epoch also compiles the kernels on a machine that has not cached them
-    steady = epoch_seconds[1:] or epoch_seconds
-    return {"device": device, "optimizer": optimizer, "history": history,
-            "batch_losses": batch_losses,
-            "accuracy": history[-1][1], "seconds": seconds, "epoch_seconds": epoch_seconds,
-            "seconds_per_epoch": float(np.median(steady)), "model": model,
-            "classes": n_classes, "unused_classes": unused}
+    steady = epoch_seconds[1:epochs] or epoch_seconds[:1]
+    out = {"device": device, "optimizer": optimizer, "history": history,
+           "batch_losses": batch_losses,
+           "accuracy": history[-1][1], "seconds": seconds, "epoch_seconds": epoch_seconds,
+           "seconds_per_epoch": float(np.median(steady)), "model": model,
+           "classes": n_classes, "unused_classes": unused}
+    if qat_epochs:
+        out.update(float_accuracy=float_accuracy, qat_accuracy=history[-1][1],
+                   spec=model.quant, **_integer_check(model, X[test], p))
+    return out
+
+
+def _spec(observers):
+    """The QuantSpec of the observers' grids (8-bit weights, x, the state and the gates)."""
+    return QuantSpec(8, observers[0].qparams(), observers[1].qparams(), gates=True)
+
+
+def _calibrate(model, batches, rows, batch):
+    """Observers of x and of the state, set from a pass of the float model over the
+    training set."""
+    observers = (qat.Observer(*QAT_LEVELS), qat.Observer(*QAT_LEVELS))
+    for k in range(0, len(rows), batch):
+        x = batches(rows[k:k + batch])
+        y, _, _ = model._gru(x, False)
+        observers[0].observe(x)
+        observers[1].observe(y)
+    return observers
+
+
+def _integer_check(model, X_test, p_fake):
+    """The int8 export of the trained QAT model, and how often its integer-only inference
+    (cugru.qat.integer_gru; the dense layer in float) predicts the class the fake-quant model
+    predicts (p_fake: its held-out probabilities)."""
+    state = model.state()
+    exported = qat.export(model.quant, state["w_ih"], state["w_hh"], state["b_ih"],
+                          state["b_hh"], dense=state["dense"])
+    x = np.ascontiguousarray(X_test.transpose(1, 0, 2)).astype(np.float64)
+    h_n, _ = qat.integer_gru(exported, x)
+    features = h_n.transpose(1, 0, 2).reshape(x.shape[1], -1)
+    logits = features @ state["dense"][:, :-1].T + state["dense"][:, -1]
+    fake = p_fake if isinstance(p_fake, np.ndarray) else runtime.cupy_module().asnumpy(p_fake)
+    agree = float((logits.argmax(axis=1) == fake.argmax(axis=1)).mean())
+    return {"export": exported, "integer_agreement": agree}
+
+
+def _grid(qparams):
+    s, zp, lo, hi = qparams
+    return f"scale {s:.4g}, zero point {zp}, [{lo}, {hi}]"
 
 
 class _NoBar:
@@ -353,6 +426,14 @@ def parser():
     ap.add_argument("--plot", default="training-curves.png",
                     help="image of the loss and accuracy curves ('' for none)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--qat", action="store_true",
+                    help="quantization-aware epochs after the float ones (8-bit weights, x, "
+                         "the state and the gates fake-quantized)")
+    ap.add_argument("--qat-epochs", type=int, default=4, help="quantization-aware epochs")
+    ap.add_argument("--freeze-epochs", type=int, default=2,
+                    help="the last quantization-aware epochs, with the grids frozen")
+    ap.add_argument("--export", default=None,
+                    help="with --qat: write the int8 export (cugru.qat.export) to this .npz")
     return ap
 
 
@@ -368,6 +449,16 @@ def main(argv=None) -> int:
         ap.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.seed < 0:
         ap.error(f"--seed must be >= 0, got {args.seed}")
+    if args.qat:
+        if args.qat_epochs < 1:
+            ap.error(f"--qat-epochs must be >= 1, got {args.qat_epochs}")
+        if not 0 <= args.freeze_epochs <= args.qat_epochs:
+            ap.error(f"--freeze-epochs must lie in [0, --qat-epochs = {args.qat_epochs}], "
+                     f"got {args.freeze_epochs}")
+    if args.export:
+        if not args.qat:
+            ap.error("--export needs --qat (it writes the quantized model)")
+        _writable(ap, "--export", args.export, (".npz",))
     if args.save:
         _writable(ap, "--save", args.save, (".npz",))
     if args.plot:
@@ -377,7 +468,9 @@ def main(argv=None) -> int:
         _writable(ap, "--plot", args.plot, formats)
     try:
         r = train(args.device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
-                  args.seed, args.data, progress=not args.no_progress)
+                  args.seed, args.data, progress=not args.no_progress,
+                  qat_epochs=args.qat_epochs if args.qat else 0,
+                  freeze_epochs=args.freeze_epochs)
     except ValueError as e:
         ap.error(str(e))
     if r["unused_classes"]:
@@ -385,11 +478,22 @@ def main(argv=None) -> int:
               f"{r['classes'] - 1}) have no sample; their output units learn to predict "
               "them never", file=sys.stderr)
     for epoch, (loss, acc) in enumerate(r["history"], 1):
-        print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}")
-    print(f"device {r['device']}: held-out accuracy {r['accuracy']:.3f} after {args.epochs} "
+        tag = "  (quantization-aware)" if epoch > args.epochs else ""
+        print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}{tag}")
+    accuracy = r["float_accuracy"] if args.qat else r["accuracy"]
+    print(f"device {r['device']}: held-out accuracy {accuracy:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "
           f"{r['seconds']:.1f} s in all")
+    if args.qat:
+        spec = r["spec"]
+        print(f"QAT: held-out accuracy float {r['float_accuracy']:.3f}, QAT "
+              f"{r['qat_accuracy']:.3f} ({(r['qat_accuracy'] - r['float_accuracy']) * 100:+.1f}"
+              f" points) after {args.qat_epochs} quantization-aware epochs (8-bit weights; x "
+              f"on {_grid(spec.x_qparams)}, the state on {_grid(spec.h_qparams)}, the gates "
+              f"on their fixed grids); the integer-only inference of the int8 export agrees "
+              f"with the fake-quant model on {r['integer_agreement'] * 100:.1f}% of the "
+              "held-out samples")
     if not all(math.isfinite(loss) for loss, _ in r["history"]):
         print("error: the loss is not finite (NaN or inf): the model diverged; try a "
               "smaller --lr", file=sys.stderr)
@@ -397,6 +501,9 @@ def main(argv=None) -> int:
     if args.save:
         np.savez(args.save, **r["model"].state())
         print(f"weights written to {args.save}")
+    if args.export:
+        np.savez(args.export, **r["export"])
+        print(f"int8 export written to {args.export}")
     if args.plot and plot(r["history"], args.plot, f"GRU classifier, {r['device']}, "
                           f"{args.optimizer}"):
         print(f"curves written to {args.plot}")

@@ -55,3 +55,67 @@ def torch_gru(torch, p, device="cpu", dtype=None):
         for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")]
     np_ = lambda v: v.detach().cpu().double().numpy()  # noqa: E731
     return np_(y), np_(hn), tuple(np_(g) for g in grads)
+
+
+# ------------------------------------------------------------- quantization-aware reference
+#: quantization settings the QAT tests use: grids coarse enough that x, h and the gates clip
+QAT_X = (0.0625, 3, -32, 31)
+QAT_H = (1 / 64, -4, -64, 63)
+
+
+def qat_specs():
+    """(id, QuantSpec) of every combination of x, h and gates quantized, at 4 and 8 bits."""
+    from cugru import QuantSpec
+    out = []
+    for bits in (8, 4):
+        for xq in (False, True):
+            for hq in (False, True):
+                for gates in (False, True):
+                    spec = QuantSpec(bits, QAT_X if xq else None, QAT_H if hq else None, gates)
+                    out.append((f"w{bits}" + "-x" * xq + "-h" * hq + "-g" * gates, spec))
+    return out
+
+
+def torch_qat_gru(torch, p, spec, dtype=None):
+    """A per-step torch GRU with the fake quantizers of `spec` (torch.fake_quantize_* and
+    autograd), written from cugru.quant's formulas: (y, h_n, grads) as numpy, as torch_gru."""
+    from cugru.quant import GATE_N, GATE_RZ, MIN_WEIGHT_SCALE
+    dtype = dtype or torch.float64
+    t = lambda a: torch.tensor(np.asarray(a), dtype=dtype)  # noqa: E731
+    T, B, I = p["x"].shape
+    D, H3, H = p["w_hh"].shape
+    x = t(p["x"]).requires_grad_()
+    h0 = t(p["h0"] if p["h0"] is not None else np.zeros((D, B, H))).requires_grad_()
+    w_ih, w_hh, b_ih, b_hh = (t(a).requires_grad_() for a in weights(p))
+    qmax = 2 ** (spec.weight_bits - 1) - 1
+
+    def fq(v, qp):
+        return v if qp is None else torch.fake_quantize_per_tensor_affine(v, *qp)
+
+    def fq_rows(w):
+        s = torch.clamp(w.detach().abs().amax(dim=1) / qmax, min=MIN_WEIGHT_SCALE).float()
+        zp = torch.zeros(w.shape[0], dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(w, s, zp, 0, -qmax, qmax)
+
+    gq = (GATE_RZ, GATE_N) if spec.gates else (None, None)
+    xq = fq(x, spec.x_qparams)
+    outs, h_last = [], []
+    for d in range(D):
+        wi, wh = fq_rows(w_ih[d]), fq_rows(w_hh[d])
+        h = fq(h0[d], spec.h_qparams)
+        ys = [None] * T
+        for s in range(T):
+            tt = s if d == 0 else T - 1 - s
+            gi = xq[tt] @ wi.T + b_ih[d]
+            gh = h @ wh.T + b_hh[d]
+            r = fq(torch.sigmoid(gi[:, :H] + gh[:, :H]), gq[0])
+            z = fq(torch.sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H]), gq[0])
+            n = fq(torch.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:]), gq[1])
+            h = fq((1 - z) * n + z * h, spec.h_qparams)
+            ys[tt] = h
+        outs.append(torch.stack(ys))
+        h_last.append(h)
+    y, hn = torch.cat(outs, dim=2), torch.stack(h_last)
+    torch.autograd.backward([y, hn], [t(p["dy"]), t(p["dh_n"])])
+    np_ = lambda v: v.detach().double().numpy()  # noqa: E731
+    return np_(y), np_(hn), tuple(np_(g.grad) for g in (x, h0, w_ih, w_hh, b_ih, b_hh))

@@ -39,13 +39,16 @@ def test_tile_kernels_launched_per_arch():
     """Spills count only where an instance is launched: the GRU's cluster and 512-thread tile
     kernels from sm_90 on, every other kernel everywhere."""
     tile = runtime.source("gru_tile.cu")
-    name = "gru_tile_backward<float,{},8,1,{},1>"
+    name = "gru_tile_backward<float,{},8,1,{},1,false>"
     assert tile.launched_on(name.format(1, 256), 80)
     assert not tile.launched_on(name.format(1, 512), 80)
     assert not tile.launched_on(name.format(2, 256), 80)
     assert tile.launched_on(name.format(2, 256), 90)
     assert tile.launched_on(name.format(1, 512), 90)
-    assert runtime.source("gru_steps.cu").launched_on("gru_forward_step<float,true>", 80)
+    assert tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true>", 90)
+    assert not tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true>", 80)
+    assert runtime.source("gru_steps.cu").launched_on("gru_forward_step<float,true,false>",
+                                                      80)
     rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
              "spill": (8, 4, 4)}]
     assert compile_check.counted_spills(tile, "sm_90", rows) == rows
@@ -91,12 +94,20 @@ def test_every_source_on_disk_is_registered_and_compiles_as_the_runtime_renders_
 
 def test_a_call_compiles_only_the_family_it_runs():
     """The per-step path's kernels are one module of 3 instances per element type, not part
-    of the tile kernels' 93 (float32): the families compile apart."""
+    of the tile kernels' 93 (float32): the families compile apart; the quantization-aware
+    instances (cugru.QuantSpec) are modules of their own, compiled only by such calls."""
     steps = runtime.source("gru_steps.cu").groups()
-    assert steps == {c: (_catalog.step_forward(c, False), _catalog.step_forward(c, True),
-                         _catalog.step_backward(c)) for c in ("float", "double")}
+    assert steps == {g: (_catalog.step_forward(c, False, q), _catalog.step_forward(c, True, q),
+                         _catalog.step_backward(c, q))
+                     for c in ("float", "double")
+                     for q, g in ((False, c), (True, _catalog.qat_group(c)))}
+    assert all(n.endswith("false>") for c in ("float", "double") for n in steps[c])
     tile = runtime.source("gru_tile.cu").groups()
     assert len(tile["float"]) == 3 * len(_catalog.TILES[4]) == 93
-    assert len(tile["double"]) == 3 * len(_catalog.TILES[8])
+    assert len(tile["double"]) == len(tile["double-qat"]) == 3 * len(_catalog.TILES[8])
+    # (the quantization-aware module lacks the backward kernels that would spill)
+    left_out = {_catalog.tile_backward("float", t, True) for t in _catalog.QAT_BACKWARD_LEFT_OUT[4]}
+    assert left_out and not left_out & set(tile["float-qat"])
+    assert len(tile["float-qat"]) == 93 - len(left_out)
     every = [n for s in SOURCES for n in runtime.source(s).names()]
     assert len(every) == len(set(every))

@@ -85,6 +85,11 @@ class HostKernel:
 
     def __call__(self, grid, block, smem, cooperative, **args):
         assert sorted(args) == sorted(self.names), (self.name, sorted(args))
+        # (the transcriptions are of the plain instances: no quantizer runs; the
+        # quantization-aware instances are checked against the oracle on the GPU)
+        quant = {k: args.pop(k) for k in list(args) if k.startswith("q_")}
+        assert quant.get("q_flags", 0) == 0 and (not quant or self.name.endswith("false>")), \
+            self.name
         self.run(grid, block, smem, cooperative, **args)
 
 

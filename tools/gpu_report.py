@@ -41,14 +41,16 @@ SANITIZER_TOOLS = {
     "memcheck": ("", []),
     # racecheck is slow on cuBLAS' kernels: the GRU runs one shape per dtype under it
     "racecheck": ("softmax or dense or article or repeatable or (gru and uni and h0) "
-                  "or repeated_calls or (each_tile_kernel and f32 and top and (r8 or t512))",
+                  "or repeated_calls or (each_tile_kernel and f32 and top and (r8 or t512)) "
+                  "or (qat_kernels and uni and h0 and f32 and w8_x_h_g)",
                   ["--racecheck-report", "all"]),
     "initcheck": ("", []),
     # the persistent GRU kernels' barriers and cluster exchanges. On the cluster tile
     # kernels with several units per thread the tool's count of the barriers it tracks
     # overflows (automatic, or set to 2..64), and it then stops the kernel; set to 16384 it
     # runs out of memory and tracks nothing. Those kernels are left to the other tools.
-    "synccheck": ("gru and not (each_tile_kernel and (u2 or u4) and not (_c1_ or _c0_))", []),
+    "synccheck": ("(gru and not (each_tile_kernel and (u2 or u4) and not (_c1_ or _c0_))) "
+                  "or qat", []),
 }
 
 
@@ -198,16 +200,18 @@ def main(argv=None) -> int:
 
     if "sanitizer" not in skip:
         lines = ["## compute-sanitizer", "",
-                  "GPU tests of tests/test_gpu.py and tests/test_gru_gpu.py (`CK_QUICK=1`: "
-                  "sizes 5 and 1001, fewer and shorter GRU shapes; CuPy's pool off; not the "
-                  "cuDNN comparison) under each tool.", "",
+                  "GPU tests of tests/test_gpu.py, tests/test_gru_gpu.py and "
+                  "tests/test_qat_gpu.py (`CK_QUICK=1`: sizes 5 and 1001, fewer and shorter "
+                  "GRU shapes, two quantization specs; CuPy's pool off; not the cuDNN "
+                  "comparison) under each tool.", "",
                   "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
         log = os.path.join(out, "sanitizer-log.txt")
         found = []
         for tool, (sel, flags) in SANITIZER_TOOLS.items():
             xml = os.path.join(out, f"san-{tool}.xml")
             cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
-                   py, "-m", "pytest", "tests/test_gpu.py", "tests/test_gru_gpu.py", "-q",
+                   py, "-m", "pytest", "tests/test_gpu.py", "tests/test_gru_gpu.py",
+                   "tests/test_qat_gpu.py", "-q",
                    "-p", "no:cacheprovider", "-m", "gpu and not slow", f"--junitxml={xml}",
                    # cuDNN's own kernels are not ours to check
                    "-k", f"({sel}) and not cudnn" if sel else "not cudnn"]
@@ -288,6 +292,18 @@ def main(argv=None) -> int:
             lines += small_bench.markdown(json.load(open(small)))
         else:
             lines.append(f"Small-path benchmark failed (exit {rc}); see gru-log.txt")
+        # quantization-aware training against our float step, cuDNN and torch's fake-quant loop
+        qat = os.path.join(out, "qat.json")
+        rc, secs = sh([py, "-m", "bench.qat", "--json", qat], os.path.join(out, "gru-log.txt"),
+                      timeout=400)
+        lines += ["", "### Quantization-aware training (bench/qat.py)", ""]
+        if rc == 0 and os.path.exists(qat):
+            sys.path.insert(0, ROOT)
+            from bench import qat as qat_bench
+            lines += [qat_bench.__doc__.split("\n\n")[0].replace("\n", " "), ""]
+            lines += qat_bench.markdown(json.load(open(qat)))
+        else:
+            lines.append(f"QAT benchmark failed (exit {rc}); see gru-log.txt")
         write(out, "gru", lines)
 
     if "main" not in skip:
@@ -313,6 +329,17 @@ def main(argv=None) -> int:
                          f"printed losses, 9 significant digits): relative difference "
                          f"{rel[0]:.1e} after epoch 1, at most {max(rel):.1e} over "
                          f"{len(rel)} epochs")
+        # the quantization-aware main job (float epochs, then QAT; the int8 export checked)
+        for dev in ("gpu", "cpu"):
+            start = os.path.getsize(log)
+            rc, secs = sh([py, "-m", "cugru.train", "--device", dev, "--no-progress", "--plot",
+                           "", "--qat"], log, timeout=150)
+            with open(log) as f:
+                f.seek(start)
+                text = f.read().splitlines()
+            last = [ln for ln in text if ln.startswith("QAT:")]
+            lines.append(f"- {dev} with `--qat`: {last[-1] if last else f'failed (exit {rc})'}; "
+                         f"wall {secs:.1f} s with start-up")
         write(out, "main", lines)
     return assemble(out)
 

@@ -37,26 +37,111 @@ __device__ __forceinline__ int gru_time(int d, int steps, int s) {
     return d == 0 ? s : steps - 1 - s;
 }
 
-// One cell forward: x* = W_i x + b_i and h* = W_h h + b_h per gate (h_n is the candidate
-// term hn); returns h' and the gates.
+// ---- quantization-aware cells (cugru.QuantSpec; the instances with QAT = true)
+// fq(v) = (clamp(rint(v * inv) + zp, qmin, qmax) - zp) * scale, inv = 1/scale worked out in
+// float32 on the host, is computed as clamp(rint(v * inv), lo, hi) * scale with the bounds
+// shifted, lo = qmin - zp and hi = qmax - zp: the same bits (every level and bound is an
+// integer within 2^25, exact in float), and one parameter less to hold in registers. The
+// straight-through estimator passes a gradient where lo <= rint(v * inv) <= hi. The kernels
+// take the state's grid and the flags (1: the state is quantized, 2: the gates are) as the
+// parameters q_scale, q_inv, q_lo, q_hi, q_flags. The history keeps the gates before their
+// quantizers and the states as quantized; backward quantizes the gates again and recomputes
+// the state before its quantizer with explicitly rounded products and sums (no contraction
+// into an FMA), so forward and backward see the same bits and the masks cost no memory.
+template <typename T> struct GruQuant {
+    T scale, inv, lo, hi;
+    int flags;
+};
+#define GRU_QUANT(T) \
+    GruQuant<T> { q_scale, q_inv, q_lo, q_hi, q_flags }
+
+__device__ __forceinline__ float gru_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double gru_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float gru_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double gru_add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float gru_rint(float v) { return rintf(v); }
+__device__ __forceinline__ double gru_rint(double v) { return rint(v); }
+
+// fq(v) on the shifted bounds; `inside`: nothing was clipped
 template <typename T>
+__device__ __forceinline__ T gru_fq(T v, T scale, T inv, T lo, T hi, bool& inside) {
+    const T q = gru_rint(gru_mul_rn(v, inv));
+    inside = q >= lo && q <= hi;
+    return gru_mul_rn(fmin(fmax(q, lo), hi), scale);
+}
+// the gates' fixed grids: r and z on (1/256, 0, 0, 255), n on (2/256, 128, 0, 255)
+template <typename T> __device__ __forceinline__ T gru_fq_rz(T v, bool& inside) {
+    return gru_fq(v, T(1.0 / 256), T(256), T(0), T(255), inside);
+}
+template <typename T> __device__ __forceinline__ T gru_fq_n(T v, bool& inside) {
+    return gru_fq(v, T(1.0 / 128), T(128), T(-128), T(127), inside);
+}
+// the new state before its quantizer, (1 - z) n + z h, rounded as written
+template <typename T> __device__ __forceinline__ T gru_state_rn(T z, T n, T h) {
+    return gru_add_rn(gru_mul_rn(T(1) - z, n), gru_mul_rn(z, h));
+}
+
+// One cell forward: x* = W_i x + b_i and h* = W_h h + b_h per gate (h_n is the candidate
+// term hn); returns h' and the gates (with QAT: h' quantized where q says, the gates before
+// their quantizers).
+template <bool QAT, typename T>
 __device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T h, T& r, T& z,
-                                      T& n) {
+                                      T& n, const GruQuant<T>& q) {
     r = gru_sigmoid(x_r + h_r);
     z = gru_sigmoid(x_z + h_z);
-    n = ck_tanh(x_n + r * hn);
-    return (T(1) - z) * n + z * h;
+    if constexpr (!QAT) {
+        n = ck_tanh(x_n + r * hn);
+        return (T(1) - z) * n + z * h;
+    } else {
+        bool in;
+        const bool g = q.flags & 2;
+        T rq = r;
+        if (g) rq = gru_fq_rz(r, in);
+        n = ck_tanh(x_n + rq * hn);
+        T zq = z, nq = n;
+        if (g) {
+            zq = gru_fq_rz(z, in);
+            nq = gru_fq_n(n, in);
+        }
+        const T pre = gru_state_rn(zq, nq, h);
+        if (q.flags & 1) return gru_fq(pre, q.scale, q.inv, q.lo, q.hi, in);
+        return pre;
+    }
 }
 
 // One cell backward from dh = dy + carry: the gate gradients, and the direct part dh*z of
-// the gradient carried to the previous step.
-template <typename T>
+// the gradient carried to the previous step; r_used is the r that multiplied hn (the
+// quantized r with QAT), which d_gate_h's n block takes. With QAT, the straight-through
+// estimator: each quantizer passes the gradient where it did not clip, else 0.
+template <bool QAT, typename T>
 __device__ __forceinline__ T gru_cell_backward(T dh, T r, T z, T n, T hn, T h, T& dr, T& dz,
-                                               T& dn) {
-    dn = dh * (T(1) - z) * (T(1) - n * n);
-    dz = dh * (h - n) * z * (T(1) - z);
-    dr = dn * hn * r * (T(1) - r);
-    return dh * z;
+                                               T& dn, T& r_used, const GruQuant<T>& q) {
+    if constexpr (!QAT) {
+        dn = dh * (T(1) - z) * (T(1) - n * n);
+        dz = dh * (h - n) * z * (T(1) - z);
+        dr = dn * hn * r * (T(1) - r);
+        r_used = r;
+        return dh * z;
+    } else {
+        const bool g = q.flags & 2;
+        T zq = z, nq = n;
+        bool mz = true, mn = true, mr = true;
+        if (g) {
+            zq = gru_fq_rz(z, mz);
+            nq = gru_fq_n(n, mn);
+        }
+        if (q.flags & 1) {
+            bool mh;
+            gru_fq(gru_state_rn(zq, nq, h), q.scale, q.inv, q.lo, q.hi, mh);
+            if (!mh) dh = T(0);
+        }
+        dz = mz ? dh * (h - nq) * z * (T(1) - z) : T(0);
+        dn = mn ? dh * (T(1) - zq) * (T(1) - n * n) : T(0);
+        r_used = r;
+        if (g) r_used = gru_fq_rz(r, mr);
+        dr = mr ? dn * hn * r * (T(1) - r) : T(0);
+        return dh * zq;
+    }
 }
 
 // the forward outputs of unit j, row b, direction d at step s (time t): h into its hs slot,

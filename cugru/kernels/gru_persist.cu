@@ -78,12 +78,13 @@ __device__ __forceinline__ void gru_fwd_pack(T (&acc)[MAXP][3], const T* wr_s, c
     }
 }
 
-template <typename T, int MAXP, bool TRAIN>
+template <typename T, int MAXP, bool TRAIN, bool QAT>
 __global__ void __launch_bounds__(GRU_PERSIST_THREADS, 1)
 gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                     const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
                     T* __restrict__ y, T* __restrict__ gates, unsigned int* barrier,
-                    int steps, int B, int H, int S, int J, int KC) {
+                    int steps, int B, int H, int S, int J, int KC, T q_scale, T q_inv,
+                    T q_lo, T q_hi, int q_flags) {
     constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
     const int HP = gru_round_up(H, V) + V, KCP = KC + V;
@@ -169,9 +170,9 @@ gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 if (b >= B) continue;
                 const T hn = acc[i][2] + bh[2];
                 T r, z, n;
-                const T h_new = gru_cell(x_r[i] + bi[0], x_z[i] + bi[1], x_n[i] + bi[2],
-                                         acc[i][0] + bh[0], acc[i][1] + bh[1], hn, h_own[i],
-                                         r, z, n);
+                const T h_new = gru_cell<QAT>(x_r[i] + bi[0], x_z[i] + bi[1], x_n[i] + bi[2],
+                                              acc[i][0] + bh[0], acc[i][1] + bh[1], hn,
+                                              h_own[i], r, z, n, GRU_QUANT(T));
                 h_own[i] = h_new;
                 gru_write_forward<T, TRAIN>(hs, y, gates, h_new, r, z, n, hn, d, D, s, t, b,
                                             j, steps, B, H, S);
@@ -227,13 +228,13 @@ __device__ __forceinline__ void gru_back_product(T (&acc)[MAXP], T* g_s, int KCP
     for (int i = 0; i < MAXP; ++i) acc[i] += acc2[i];
 }
 
-template <typename T, int MAXP>
+template <typename T, int MAXP, bool QAT>
 __global__ void __launch_bounds__(GRU_PERSIST_THREADS, 1)
 gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                      const T* __restrict__ hs, const T* __restrict__ w_hh,
                      const T* __restrict__ dh_n, T* __restrict__ dgi, T* dgh,
                      T* __restrict__ dh0, unsigned int* barrier, int steps, int B, int H,
-                     int J, int KC) {
+                     int J, int KC, T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
     constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
     const int RP = gru_round_up(3 * H, V) + V, KCP = KC + V;
@@ -289,10 +290,12 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
             for (int i = 0; i < MAXP; ++i) {
                 const int b = bl + i * rb;
                 if (b >= B) continue;
-                T dr, dz, dn;
-                dhz[i] = gru_cell_backward(dy_v[i] + carry[i], g_r[i], g_z[i], g_n[i], g_hn[i],
-                                           h_old[i], dr, dz, dn);
-                gru_write_backward(dgi, dgh, dr, dz, dn, g_r[i], d, D, s, t, b, j, steps, B, H);
+                T dr, dz, dn, r_used;
+                dhz[i] = gru_cell_backward<QAT>(dy_v[i] + carry[i], g_r[i], g_z[i], g_n[i],
+                                                g_hn[i], h_old[i], dr, dz, dn, r_used,
+                                                GRU_QUANT(T));
+                gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B,
+                                   H);
             }
         }
         if (s > 0) load_s1(s - 1);

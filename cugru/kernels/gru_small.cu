@@ -39,13 +39,14 @@ __device__ __forceinline__ void gru_small_unit(int i, int B, int H, int& d, int&
 // group of L lanes (a power of two up to 32; lane l takes k = l, l + L, ...), so that a
 // warp's loads of weight rows are coalesced, then summed across the group by a butterfly
 // of shuffles (the same tree for every lane: the same bits in each).
-template <typename T, bool TRAIN>
+template <typename T, bool TRAIN, bool QAT>
 __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__ h0,
                                   const T* __restrict__ w_ih, const T* __restrict__ w_hh,
                                   const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                   T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
                                   T* __restrict__ h_n, int steps, int B, int I, int H, int D,
-                                  int L) {
+                                  int L, T q_scale, T q_inv, T q_lo, T q_hi,
+                                  int q_flags) {
     extern __shared__ __align__(16) unsigned char gru_small_smem[];
     T* h = reinterpret_cast<T*>(gru_small_smem);          // two buffers of D*B*H
     const int units = D * B * H;
@@ -107,8 +108,9 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
                 const T* bh = b_hh + d * H3;
                 const T hn = hh + bh[2 * H + j];
                 T r, z, n;
-                const T h_new = gru_cell(ir + bi[j], iz + bi[H + j], in + bi[2 * H + j],
-                                         hr + bh[j], hz + bh[H + j], hn, cur[i], r, z, n);
+                const T h_new = gru_cell<QAT>(ir + bi[j], iz + bi[H + j], in + bi[2 * H + j],
+                                              hr + bh[j], hz + bh[H + j], hn, cur[i], r, z, n,
+                                              GRU_QUANT(T));
                 nxt[i] = h_new;
                 y[((long long)t * B + b) * D * H + (long long)d * H + j] = h_new;
                 if (TRAIN) {
@@ -130,7 +132,7 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
 // The reverse recurrence (dgi, dgh and dh0 from dy, dh_n or zeros, and the history), then
 // the tail from them: dx (T, B, I); dw_ih (D, 3H, I), dw_hh (D, 3H, H), db_ih and db_hh
 // (D, 3H), each a sum over the T*B rows in row order (gru_small_rowsum).
-template <typename T>
+template <typename T, bool QAT>
 __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict__ dh_n,
                                    const T* __restrict__ x, const T* __restrict__ w_ih,
                                    const T* __restrict__ w_hh, const T* __restrict__ gates,
@@ -139,7 +141,8 @@ __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict
                                    T* __restrict__ dh0, T* __restrict__ dw_ih,
                                    T* __restrict__ dw_hh, T* __restrict__ db_ih,
                                    T* __restrict__ db_hh, int steps, int B, int I, int H,
-                                   int D) {
+                                   int D, T q_scale, T q_inv, T q_lo, T q_hi,
+                                   int q_flags) {
     extern __shared__ __align__(16) unsigned char gru_small_smem[];
     const int units = D * B * H;
     const long long H3 = 3LL * H;
@@ -152,15 +155,16 @@ __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict
             int d, b, j;
             gru_small_unit(i, B, H, d, b, j);
             const int t = gru_time(d, steps, s);
-            T r, z, n, hn, h, dr, dz, dn;
+            T r, z, n, hn, h, dr, dz, dn, r_used;
             gru_read_history(gates, hs, d, s, b, j, steps, B, H, r, z, n, hn, h);
             const T dh = dy[((long long)t * B + b) * D * H + (long long)d * H + j] + carry[i];
-            carry[i] = gru_cell_backward(dh, r, z, n, hn, h, dr, dz, dn);
-            gru_write_backward(dgi, dgh, dr, dz, dn, r, d, D, s, t, b, j, steps, B, H);
+            carry[i] = gru_cell_backward<QAT>(dh, r, z, n, hn, h, dr, dz, dn, r_used,
+                                              GRU_QUANT(T));
+            gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B, H);
             T* g = dgs + (d * B + b) * H3;
             g[j] = dr;
             g[H + j] = dz;
-            g[2 * H + j] = dn * r;
+            g[2 * H + j] = dn * r_used;
         }
         __syncthreads();
         // carry = dh z + d_gate_h W_hh, unit by unit (each thread its own units)
