@@ -28,10 +28,11 @@ runs both, from the same seed and data order.
 8-bit weights per row, x, the state and the gates fake-quantized) for ``--qat-epochs``
 epochs at a fifth of the learning rate: observers (cugru.qat.Observer) set the grids of x and
 of the state from a pass over the training set and keep moving them, then the grids are
-frozen for the last ``--freeze-epochs``. It prints the float and the QAT held-out accuracy
-side by side, and how often an integer-only inference of the int8 export (int8 operands,
-int32 accumulation, cugru.qat.integer_gru; the dense layer in float) predicts what the
-fake-quant model predicts. ``--export`` writes that export.
+frozen for the last ``--freeze-epochs``. A float twin of the model trains beside it from the
+same weights, with the same batches and learning rate, unquantized. It prints the twin's and
+the QAT model's held-out accuracy side by side, and how often an integer-only inference of
+the int8 export (int8 operands, int32 accumulation, cugru.qat.integer_gru; the dense layer
+in float) predicts what the fake-quant model predicts. ``--export`` writes that export.
 """
 from __future__ import annotations
 
@@ -70,6 +71,12 @@ class Param:
         self.w = xp.asarray(value)
         self.d = xp.zeros_like(self.w)
         self.m = [xp.zeros_like(self.w), xp.zeros_like(self.w)]
+
+    def copy(self):
+        """A twin with copies of the weights and of the optimizer's state."""
+        twin = object.__new__(Param)
+        twin.w, twin.d, twin.m = self.w.copy(), self.d.copy(), [a.copy() for a in self.m]
+        return twin
 
     def step(self, name, batch, lr, t):
         w, d, (m, v) = self.w, self.d, self.m
@@ -136,6 +143,17 @@ class Model:
     def step(self, optimizer, batch, lr, t):
         for p in self.params.values():
             p.step(optimizer, batch, lr, t)
+
+    def copy(self):
+        """A twin: the same weights and optimizer state, trained apart from here."""
+        twin = object.__new__(Model)
+        twin.xp, twin.hidden, twin.quant = self.xp, self.hidden, self.quant
+        twin.params = {name: p.copy() for name, p in self.params.items()}
+        return twin
+
+    def accuracy(self, x, labels):
+        p, _ = self.probabilities(x)
+        return float((p.argmax(axis=1) == labels).mean()), p
 
     def state(self):
         to_host = (lambda a: a) if self.xp is np else (lambda a: self.xp.asnumpy(a))
@@ -243,12 +261,13 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     epoch_seconds, mark = [], start
     bar = _progress((epochs + qat_epochs) * (len(tr) // batch), progress)
     batches = lambda idx: xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # noqa
-    observers = None
+    observers = twin = None
     for epoch in range(epochs + qat_epochs):
         if epoch == epochs:         # quantization-aware from here: the observers' first look
-            float_accuracy = history[-1][1]
+            float_epochs_accuracy = history[-1][1]
             observers = _calibrate(model, batches, tr, batch)
             lr *= QAT_LR_FACTOR
+            twin = model.copy()     # the float model, trained on beside it the same way
         observing = observers is not None and epoch < epochs + qat_epochs - freeze_epochs
         perm = rng.permutation(tr)
         losses = []
@@ -267,6 +286,10 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
             model.backward(p, targets, cache)
             t += 1
             model.step(optimizer, batch, lr, t)
+            if twin is not None:
+                tp, tcache = twin.probabilities(x, training=True)
+                twin.backward(tp, targets, tcache)
+                twin.step(optimizer, batch, lr, t)
             bar.update(1)
             bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses):.4f}")
         p, _ = model.probabilities(x_test)
@@ -285,8 +308,10 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
            "seconds_per_epoch": float(np.median(steady)), "model": model,
            "classes": n_classes, "unused_classes": unused}
     if qat_epochs:
-        out.update(float_accuracy=float_accuracy, qat_accuracy=history[-1][1],
-                   spec=model.quant, **_integer_check(model, X[test], p))
+        out.update(float_epochs_accuracy=float_epochs_accuracy,
+                   float_accuracy=twin.accuracy(x_test, y_test)[0],
+                   qat_accuracy=history[-1][1], spec=model.quant,
+                   **_integer_check(model, X[test], p))
     return out
 
 
@@ -480,7 +505,7 @@ def main(argv=None) -> int:
     for epoch, (loss, acc) in enumerate(r["history"], 1):
         tag = "  (quantization-aware)" if epoch > args.epochs else ""
         print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}{tag}")
-    accuracy = r["float_accuracy"] if args.qat else r["accuracy"]
+    accuracy = r["float_epochs_accuracy"] if args.qat else r["accuracy"]
     print(f"device {r['device']}: held-out accuracy {accuracy:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "
@@ -489,7 +514,9 @@ def main(argv=None) -> int:
         spec = r["spec"]
         print(f"QAT: held-out accuracy float {r['float_accuracy']:.3f}, QAT "
               f"{r['qat_accuracy']:.3f} ({(r['qat_accuracy'] - r['float_accuracy']) * 100:+.1f}"
-              f" points) after {args.qat_epochs} quantization-aware epochs (8-bit weights; x "
+              f" points) after {args.qat_epochs} more epochs each, from the same float model "
+              f"(held-out {r['float_epochs_accuracy']:.3f} after its {args.epochs}) with the "
+              f"same batches and learning rate, quantization-aware or not (8-bit weights; x "
               f"on {_grid(spec.x_qparams)}, the state on {_grid(spec.h_qparams)}, the gates "
               f"on their fixed grids); the integer-only inference of the int8 export agrees "
               f"with the fake-quant model on {r['integer_agreement'] * 100:.1f}% of the "

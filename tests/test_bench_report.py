@@ -63,3 +63,22 @@ def test_benchmarks_without_a_gpu_stop_with_one_line():
         small.main([])
     with pytest.raises(SystemExit, match="this machine has none"):
         timing.require_gpu()
+
+
+def test_qat_table_judges_both_goals_on_every_shape():
+    from bench import qat
+
+    def row(sid, ft, qt, loop, bi=False):
+        return {"id": sid, "shape": [10, 2, 3, 4, bi], "float_train": ft, "qat_train": qt,
+                "float_infer": 0.1, "qat_infer": 0.125, "cudnn_train": 2.0,
+                **({} if bi else {"loop_train": loop}),
+                "float_train_held": (90.0, 100.0), "qat_train_held": (120.0, 110.0)}
+    met = qat.markdown([row("S1", 1.0, 1.2, 150.0), row("S4", 1.0, 1.1, None, bi=True)])
+    assert "| S4 | 10, 2, 3, 4, True |" in "\n".join(met)
+    assert any(ln.startswith("- QAT >= 0.8x") and ": met" in ln for ln in met)
+    assert any(ln.startswith("- QAT >= 100x") and ": met (lowest 125.00x)" in ln for ln in met)
+    assert any("(2 shapes; the loop on 1)" in ln for ln in met)
+    missed = qat.markdown([row("S1", 1.0, 1.3, 150.0), row("S8", 1.0, 1.0, 20.0)])
+    assert any("0.8x" in ln and "NOT met (lowest 0.77x" in ln for ln in missed)
+    assert any("100x" in ln and "NOT met (lowest 20.00x)" in ln for ln in missed)
+    assert "| 0.91x | 90, 120 |" in missed[2]          # device time held apart, host µs

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
                    # cuDNN's own kernels are not ours to check
                    "-k", f"({sel}) and not cudnn" if sel else "not cudnn"]
             start = os.path.getsize(log) if os.path.exists(log) else 0
-            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=300)
+            rc, secs = sh(cmd, log, env={"CK_QUICK": "1", "CK_NO_POOL": "1"}, timeout=420)
             with open(log) as f:
                 f.seek(start)
                 text = f.read()
