@@ -265,9 +265,9 @@ class PersistPlan:
             name, smem = cat.persist_forward(ctype, r, kind == "train", qat), self.smem_fwd
         return dev.shared(dev.kernel("gru_persist.cu", name), smem)
 
-    def kernels(self, ctype):
+    def kernels(self, ctype, qat=False):
         """(train, infer, backward): all three kernels (see ``kernel``)"""
-        return tuple(self.kernel(ctype, k) for k in ("train", "infer", "backward"))
+        return tuple(self.kernel(ctype, k, qat) for k in ("train", "infer", "backward"))
 
     def forward(self, loop, p):
         cp = dev.cupy()
@@ -383,14 +383,24 @@ class TilePlan:
         forward pass without, "backward"), allowed its shared memory; `qat`: its
         quantization-aware instance."""
         if kind == "backward":
+            if qat and not self.has_qat_backward(ctype):
+                raise ValueError(f"the tile {self.tile} has no quantization-aware backward "
+                                 "kernel (cugru._catalog.QAT_BACKWARD_LEFT_OUT): plan the "
+                                 "backward pass with fast_plan(..., backward=True, qat=True)")
             name, smem = cat.tile_backward(ctype, self.tile, qat), self.smem_bwd
         else:
             name, smem = cat.tile_forward(ctype, self.tile, kind == "train", qat), self.smem_fwd
         return dev.shared(dev.kernel("gru_tile.cu", name), smem)
 
-    def kernels(self, ctype):
-        """(train, infer, backward): all three kernels (see ``kernel``)"""
-        return tuple(self.kernel(ctype, k) for k in ("train", "infer", "backward"))
+    def has_qat_backward(self, ctype):
+        return self.tile not in cat.QAT_BACKWARD_LEFT_OUT[cat.ITEMSIZE[ctype]]
+
+    def kernels(self, ctype, qat=False):
+        """(train, infer, backward): all three kernels (see ``kernel``); with `qat` the
+        quantization-aware ones that are built (no backward one for QAT_BACKWARD_LEFT_OUT)."""
+        kinds = ("train", "infer") + (("backward",) if not qat or self.has_qat_backward(ctype)
+                                      else ())
+        return tuple(self.kernel(ctype, k, qat) for k in kinds)
 
     def group_args(self, D):
         """the kernels' last arguments: the grid scope's counters (D x slots zeros; else a
@@ -501,14 +511,19 @@ def resident(plan, D, at_once):
 
 
 @functools.lru_cache(maxsize=256)
-def groups_at_once(plan, dtype, device_id):
+def groups_at_once(plan, dtype, device_id, qat=False):
     """How many groups of the plan's tile kernels the GPU runs at once (over all
     directions): for clusters the driver's occupancy query, or SMs // cluster where it has
-    none; else the blocks resident at once // blocks per group."""
+    none; else the blocks resident at once // blocks per group. With `qat`, the least over
+    the plain and the quantization-aware kernels (those may hold more registers)."""
     sms = dev.device().sms
     least = None
-    for kern, smem in zip(plan.kernels(cat.CTYPE[np.dtype(dtype).itemsize]),
-                          (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd)):
+    ctype = cat.CTYPE[np.dtype(dtype).itemsize]
+    smems = (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd)
+    pairs = list(zip(plan.kernels(ctype), smems))
+    if qat:
+        pairs += list(zip(plan.kernels(ctype, True), smems))
+    for kern, smem in pairs:
         if plan.cluster <= 1:
             n = sms * dev.blocks_per_sm(kern, plan.threads, smem) // plan.per_group
         else:
@@ -519,11 +534,13 @@ def groups_at_once(plan, dtype, device_id):
     return least
 
 
-def _persist_resident_blocks(plan, dtype):
-    """Blocks of the persist kernels (the least of the three) that fit on one SM."""
+def _persist_resident_blocks(plan, dtype, qat=False):
+    """Blocks of the persist kernels (the least of the three, and of their
+    quantization-aware instances with `qat`) that fit on one SM."""
+    ctype = cat.CTYPE[np.dtype(dtype).itemsize]
+    kernels = plan.kernels(ctype) + (plan.kernels(ctype, True) if qat else ())
     return min(dev.blocks_per_sm(k, cat.PERSIST_THREADS, smem)
-               for k, smem in zip(plan.kernels(cat.CTYPE[np.dtype(dtype).itemsize]),
-                                  (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd)))
+               for k, smem in zip(kernels, (plan.smem_fwd, plan.smem_fwd, plan.smem_bwd) * 2))
 
 
 # --------------------------------------------------------------------------------- planner
@@ -532,17 +549,17 @@ def fast_plan(B, H, D, dtype, backward=False, qat=False):
     for the forward pass (or with `backward` the backward pass; both passes share every
     buffer's layout, so they may take different splits): a TilePlan where the tile kernels
     hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
-    the per-step path). `qat`: for a quantization-aware pass (a backward pass then leaves
-    out the tiles of cat.QAT_BACKWARD_LEFT_OUT)."""
+    the per-step path). `qat`: for a quantization-aware pass (occupancy then counts its
+    kernels too, and a backward pass leaves out the tiles of cat.QAT_BACKWARD_LEFT_OUT)."""
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
-                      bool(backward), bool(qat and backward))
+                      bool(backward), bool(qat))
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False, qat_backward=False):
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False):
     itemsize = np.dtype(dtype).itemsize
     d = dev.device()
-    left_out = cat.QAT_BACKWARD_LEFT_OUT[itemsize] if qat_backward else ()
+    left_out = cat.QAT_BACKWARD_LEFT_OUT[itemsize] if qat and backward else ()
     splits = [p for p in (tile_split(B, H, D, tile, r, itemsize)
                           for tile in cat.TILES[itemsize]
                           if cat.tile_runs_on(tile, d.cc) and tile not in left_out
@@ -553,14 +570,15 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat_backward=False):
     for scoped in ([splits] if backward else
                    ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
         ranked = [(resident(p, D, n), n)
-                  for p, n in ((p, groups_at_once(p, dtype, device_id)) for p in scoped)]
+                  for p, n in ((p, groups_at_once(p, dtype, device_id, qat))
+                               for p in scoped)]
         ranked = [(p, n) for p, n in ranked if p is not None]
         if ranked:
             return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1]))[0]
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
                          for n in range(1, H + 1)) if p is not None}
     for plan in sorted(plans, key=lambda p: (persist_cost(p, B, H, D, itemsize), p.blocks)):
-        if plan.blocks * D <= _persist_resident_blocks(plan, dtype) * d.sms:
+        if plan.blocks * D <= _persist_resident_blocks(plan, dtype, qat) * d.sms:
             return plan
     return None
 

@@ -35,7 +35,8 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     if a.xp is np:
         return oracle.forward(a)
     T, B, I, H, D = a.dims
-    return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype, False, T, I))
+    return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype, False, T, I,
+                                           a.quant is not None))
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):

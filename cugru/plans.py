@@ -35,10 +35,12 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
            "backward_recurrence", "backward_tail", "backward", "step_pieces"]
 
 
-def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True):
-    """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None)."""
+def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,
+            quant=None):
+    """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None).
+    With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
     return _passes.forward(forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional,
-                                        training), plan)
+                                        training, quant), plan)
 
 
 def backward_recurrence(dy, dh_n, saved, plan):
@@ -55,7 +57,9 @@ def backward_recurrence(dy, dh_n, saved, plan):
 
 
 def backward_tail(p):
-    """The backward pass's tail: (dx, dw_ih, dw_hh, db_ih, db_hh) with the direction axis."""
+    """The backward pass's tail: (dx, dw_ih, dw_hh, db_ih, db_hh) with the direction axis.
+    After a quantization-aware forward pass, dx and dh0 here lack the straight-through
+    estimator's masks at x and h0 (gru_backward and plans.backward apply them)."""
     return _passes.tail(p)
 
 

@@ -1,6 +1,6 @@
 """Helpers for quantization-aware training with cugru.QuantSpec: observers that set the
 activation grids, the states a quantization-aware pass had before its state quantizer, and
-an int8 export with its integer-only inference.
+an int8 export with its integer inference.
 
     obs_x, obs_h = qat.Observer(), qat.Observer()
     obs_x.observe(x)                               # every batch, while observing
@@ -11,11 +11,12 @@ an int8 export with its integer-only inference.
 The observer is torch.ao's moving-average min/max observer (the first batch sets the range,
 then each batch moves it by `averaging_constant` towards its own) with its affine qparams:
 the range always holds 0, scale = (max - min) / (qmax - qmin), floored at float32's eps,
-zero_point = qmin - round(min / scale), clamped to [qmin, qmax].
+zero_point = qmin - round(min / scale), clamped to [qmin, qmax]; all in float32, as torch
+computes it, so the qparams are torch's to the bit.
 """
 from __future__ import annotations
 
-import math
+import numbers
 
 import numpy as np
 
@@ -25,36 +26,40 @@ _EPS32 = float(np.finfo(np.float32).eps)
 
 
 class Observer:
-    """A moving-average min/max observer of one activation (numpy or cupy arrays)."""
+    """A moving-average min/max observer of one activation (numpy or cupy arrays), computed
+    in float32 as torch's is, so its qparams are torch's to the bit."""
 
     def __init__(self, qmin=-128, qmax=127, averaging_constant=0.01):
-        if not (isinstance(qmin, int) and isinstance(qmax, int) and qmin < 0 < qmax):
+        ints = all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                   for v in (qmin, qmax))
+        if not (ints and qmin < 0 < qmax):
             raise ValueError(f"qmin < 0 < qmax (integers) are needed, got {qmin}, {qmax}")
         if not 0 < averaging_constant <= 1:
             raise ValueError(f"averaging_constant must lie in (0, 1], got {averaging_constant}")
-        self.qmin, self.qmax, self.c = qmin, qmax, float(averaging_constant)
+        self.qmin, self.qmax = int(qmin), int(qmax)
+        self.c = np.float32(averaging_constant)
         self.min = self.max = None
 
     def observe(self, v):
         """Move the range towards this batch's min and max."""
-        lo, hi = float(v.min()), float(v.max())
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = np.float32(v.min()), np.float32(v.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):
             raise ValueError("the observed values are not finite")
         if self.min is None:
             self.min, self.max = lo, hi
         else:
-            self.min += self.c * (lo - self.min)
-            self.max += self.c * (hi - self.max)
+            self.min = self.min + self.c * (lo - self.min)
+            self.max = self.max + self.c * (hi - self.max)
 
     def qparams(self):
         """(scale, zero_point, qmin, qmax) of the range seen so far."""
         if self.min is None:
             raise ValueError("the observer has seen nothing yet")
-        lo, hi = min(self.min, 0.0), max(self.max, 0.0)
-        scale = max((hi - lo) / (self.qmax - self.qmin), _EPS32)
-        scale = float(np.float32(scale))
-        zp = self.qmin - int(round(lo / scale))
-        return scale, min(max(zp, self.qmin), self.qmax), self.qmin, self.qmax
+        f32 = np.float32
+        lo, hi = min(self.min, f32(0)), max(self.max, f32(0))
+        scale = max((hi - lo) / f32(self.qmax - self.qmin), f32(_EPS32))
+        zp = self.qmin - int(np.round(lo / scale))
+        return float(scale), min(max(zp, self.qmin), self.qmax), self.qmin, self.qmax
 
 
 def _xp(a):
@@ -89,7 +94,8 @@ def states_before_quant(saved):
 
 # ----------------------------------------------------------------------------- int8 export
 def export(spec, w_ih, w_hh, b_ih, b_hh, **extra):
-    """The int8 form of a quantization-aware GRU layer (numpy arrays, (D, 3H, ...) weights):
+    """The int8 form of a quantization-aware GRU layer (numpy arrays; weights (D, 3H, ...), or
+    (3H, ...) for one direction, kept with the D axis):
     the weights as int8 levels with their float32 per-row scales, the biases, the grids of
     x and h and the gate flag; `extra` arrays are kept as they are (the layers around it)."""
     if not isinstance(spec, QuantSpec) or spec.x_qparams is None or spec.h_qparams is None:
@@ -100,11 +106,14 @@ def export(spec, w_ih, w_hh, b_ih, b_hh, **extra):
     out = {}
     for name, w in (("w_ih", w_ih), ("w_hh", w_hh)):
         w = np.asarray(w)
+        w = w[None] if w.ndim == 2 else w            # (the D axis of a one-direction layer)
         s = row_scales(w, spec.weight_bits)
         wq = quant_rows(w, spec.weight_bits)[0]
         out[name + "_int8"] = np.rint(wq / s[..., None].astype(w.dtype)).astype(np.int8)
         out[name + "_scale"] = s
-    out.update(b_ih=np.asarray(b_ih, np.float32), b_hh=np.asarray(b_hh, np.float32),
+    b_ih, b_hh = (np.asarray(b, np.float32) for b in (b_ih, b_hh))
+    out.update(b_ih=b_ih[None] if b_ih.ndim == 1 else b_ih,
+               b_hh=b_hh[None] if b_hh.ndim == 1 else b_hh,
                x_qparams=np.array(spec.x_qparams, np.float64),
                h_qparams=np.array(spec.h_qparams, np.float64),
                gates=np.array(spec.gates), weight_bits=np.array(spec.weight_bits))

@@ -46,6 +46,8 @@ GATE_RZ = (1 / 256, 0, 0, 255)
 GATE_N = (2 / 256, 128, 0, 255)
 #: integer levels stay exact in float32 within this bound
 _LEVEL_LIMIT = 2 ** 24
+#: the smallest scale (float32's smallest normal number: 1/scale stays finite)
+_MIN_SCALE = 2.0 ** -126
 
 
 def _qparams(field, v):
@@ -59,8 +61,9 @@ def _qparams(field, v):
         raise TypeError(f"{field}: scale must be a real number, got {scale!r}")
     s = float(scale)
     s32 = float(np.float32(s)) if math.isfinite(s) and abs(s) < 3.4e38 else math.inf
-    if not (math.isfinite(s) and s > 0 and 0 < s32 < math.inf):
-        raise ValueError(f"{field}: scale must be finite and > 0 (in float32), got {scale!r}")
+    if not (math.isfinite(s) and s > 0 and _MIN_SCALE <= s32 < math.inf):
+        raise ValueError(f"{field}: scale must be finite and at least 2**-126 (float32's "
+                         f"smallest normal number, so that 1/scale is finite), got {scale!r}")
     out = [s32]
     for name, n in (("zero_point", zp), ("qmin", lo), ("qmax", hi)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
@@ -73,6 +76,11 @@ def _qparams(field, v):
         raise ValueError(f"{field}: qmin ({lo}) must be < qmax ({hi})")
     if not lo <= zp <= hi:
         raise ValueError(f"{field}: zero_point ({zp}) must lie in [qmin, qmax] = [{lo}, {hi}]")
+    if max(zp - lo, hi - zp) > _LEVEL_LIMIT:
+        raise ValueError(f"{field}: qmin - zero_point and qmax - zero_point must lie within "
+                         f"2**24 (the levels are exact in float32), got {lo - zp} and {hi - zp}")
+    if s32 * max(zp - lo, hi - zp) > float(np.finfo(np.float32).max):
+        raise ValueError(f"{field}: scale {s32:g} times the levels' span overflows float32")
     return tuple(out)
 
 

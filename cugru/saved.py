@@ -13,9 +13,10 @@ on one path may be followed by a backward on another). Shapes, D = 2 when bidire
 
 Size: (5T + 1)·D·B·H elements. A quantization-aware pass (cugru.QuantSpec) keeps the
 same history, with the gates before their quantizers (the backward pass quantizes them
-again, with the same bits, for its masks and products) and the states as quantized; x,
-w_ih and w_hh are then the quantized copies (T·B·I + D·3H·(I + H) more elements), and x
-and h0 as given are kept as views for the masks of dx and dh0. Step order, not time order, makes every step's recurrent
+again, with the same bits, for its masks and products) and the states as quantized; w_ih
+and w_hh are then the quantized copies (D·3H·(I + H) more elements), and x too with
+x_qparams (T·B·I more), and x and h0 as given are kept as views for the masks of dx and
+dh0. Step order, not time order, makes every step's recurrent
 product one strided-batched GEMM over both directions with a fixed stride.
 """
 from __future__ import annotations

@@ -30,7 +30,7 @@ epochs at a fifth of the learning rate: observers (cugru.qat.Observer) set the g
 of the state from a pass over the training set and keep moving them, then the grids are
 frozen for the last ``--freeze-epochs``. A float twin of the model trains beside it from the
 same weights, with the same batches and learning rate, unquantized. It prints the twin's and
-the QAT model's held-out accuracy side by side, and how often an integer-only inference of
+the QAT model's held-out accuracy side by side, and how often an integer inference of
 the int8 export (int8 operands, int32 accumulation, cugru.qat.integer_gru; the dense layer
 in float) predicts what the fake-quant model predicts. ``--export`` writes that export.
 """
@@ -333,7 +333,7 @@ def _calibrate(model, batches, rows, batch):
 
 
 def _integer_check(model, X_test, p_fake):
-    """The int8 export of the trained QAT model, and how often its integer-only inference
+    """The int8 export of the trained QAT model, and how often its integer inference
     (cugru.qat.integer_gru; the dense layer in float) predicts the class the fake-quant model
     predicts (p_fake: its held-out probabilities)."""
     state = model.state()
@@ -518,7 +518,7 @@ def main(argv=None) -> int:
               f"(held-out {r['float_epochs_accuracy']:.3f} after its {args.epochs}) with the "
               f"same batches and learning rate, quantization-aware or not (8-bit weights; x "
               f"on {_grid(spec.x_qparams)}, the state on {_grid(spec.h_qparams)}, the gates "
-              f"on their fixed grids); the integer-only inference of the int8 export agrees "
+              f"on their fixed grids); the integer inference of the int8 export agrees "
               f"with the fake-quant model on {r['integer_agreement'] * 100:.1f}% of the "
               "held-out samples")
     if not all(math.isfinite(loss) for loss, _ in r["history"]):

@@ -86,14 +86,36 @@ def test_qat_with_fine_grids_is_the_float_gru_on_quantized_weights(rng, bidirect
     assert not np.array_equal(wq[0], p["w_ih"])      # (the weights were quantized)
 
 
-def test_quant_none_is_the_plain_gru_bit_for_bit(rng):
+def test_quant_none_keeps_no_quantized_copy(rng):
+    """quant=None takes the plain pass: the history refers to x and the weights as given
+    (no quantized copies), and keeps no quantization fields."""
     p = problem(rng, 4, 3, 5, 6, True)
-    a = run(p, None)
-    b_y, b_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
-    b = (b_y, b_hn, oracle.gru_backward(p["dy"], p["dh_n"], saved))
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    assert all(np.array_equal(u, v) for u, v in zip(a[2], b[2]))
-    assert saved.quant is None
+    _, _, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                     quant=None)
+    assert saved.quant is None and saved.x_real is None and saved.h0_real is None
+    assert saved.x is p["x"] and np.shares_memory(saved.w_hh, p["w_hh"])
+    _, _, qsaved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                      quant=QuantSpec(8))
+    assert not np.shares_memory(qsaved.w_hh, p["w_hh"]) and qsaved.x_real is p["x"]
+
+
+def test_nan_propagates_through_the_quantizers(rng):
+    p = problem(rng, 4, 3, 5, 6, False)
+    p["w_ih"][0, 2, 1] = np.nan
+    y, _, _ = oracle.gru_forward(p["x"], p["h0"], *weights(p),
+                                 quant=QuantSpec(8, None, (1 / 64, 0, -64, 63), True))
+    assert np.isnan(y).any()
+    v, inside = fake_quant(np.array([np.nan, 0.3]), (0.1, 0, -8, 7))
+    assert np.isnan(v[0]) and not inside[0] and inside[1]
+
+
+def test_a_tile_without_a_qat_backward_kernel_says_so():
+    from cugru import _catalog, plans
+    tile = _catalog.QAT_BACKWARD_LEFT_OUT[4][0]
+    plan = plans.tile_split(1, 128, 1, tile, 1, 4)
+    assert plan is not None and not plan.has_qat_backward("float")
+    with pytest.raises(ValueError, match="no quantization-aware backward kernel"):
+        plan.kernel("float", "backward", qat=True)
 
 
 def test_weight_rows_are_quantized_on_their_own_scale(rng):
@@ -137,6 +159,9 @@ def test_fake_quant_matches_torch_on_float32_to_the_bit(torch, rng):
     ({"h_qparams": (0.1, 0, -8)}, "h_qparams"),
     ({"h_qparams": (0.1, 0, -2 ** 30, 7)}, "h_qparams: qmin"),
     ({"gates": 1}, "gates"),
+    ({"x_qparams": (1e-39, 0, -128, 127)}, "x_qparams: scale must be finite and at least"),
+    ({"h_qparams": (1e38, 0, -2 ** 24, 2 ** 24)}, "h_qparams: scale .* overflows float32"),
+    ({"x_qparams": (0.1, 2 ** 24, -2 ** 24, 2 ** 24)}, "x_qparams: qmin - zero_point"),
 ])
 def test_bad_quant_spec_names_the_field(kwargs, field):
     with pytest.raises((ValueError, TypeError), match=field):

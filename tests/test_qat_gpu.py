@@ -88,20 +88,9 @@ def _to_host_saved(saved, dtype):
                     saved.squeeze, saved.quant, g(saved.x_real), g(saved.h0_real))
 
 
-@pytest.mark.parametrize("path", ["steps", "fast", "small"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("spec_id", SPEC_IDS)
-@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no_h0"])
-@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize("T,B,I,H", QAT_SHAPES.values(), ids=QAT_SHAPES.keys())
-def test_qat_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, spec_id,
-                                  dtype, path):
-    spec = SPECS[spec_id]
-    D = 2 if bidirectional else 1
-    if path == "small" and not plans.SMALL.fits(B, H, D):
-        pytest.skip("beyond the small path")
-    if path == "fast" and plans.fast_plan(B, H, D, np.dtype(dtype), True) is None:
-        pytest.skip("no persistent plan holds this shape")
+def check_qat_pass(cp, rng, T, B, I, H, bidirectional, with_h0, spec, dtype, path):
+    """A quantization-aware train step and inference call on `path` against the oracle
+    (the module's doc)."""
     p = cast(problem(rng, T, B, I, H, bidirectional, with_h0, scale=2.0), dtype)
     p["x"] *= 1.5
     g = to_gpu(cp, p)
@@ -128,12 +117,75 @@ def test_qat_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, wi
 
 
 @pytest.mark.parametrize("path", ["steps", "fast", "small"])
-def test_quant_none_runs_the_plain_kernels_bit_for_bit(cp, rng, path):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("spec_id", SPEC_IDS)
+@pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no_h0"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", QAT_SHAPES.values(), ids=QAT_SHAPES.keys())
+def test_qat_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h0, spec_id,
+                                  dtype, path):
+    D = 2 if bidirectional else 1
+    if path == "small" and not plans.SMALL.fits(B, H, D):
+        pytest.skip("beyond the small path")
+    if path == "fast" and plans.fast_plan(B, H, D, np.dtype(dtype), True, qat=True) is None:
+        pytest.skip("no persistent plan holds this shape")
+    check_qat_pass(cp, rng, T, B, I, H, bidirectional, with_h0, SPECS[spec_id], dtype, path)
+
+
+#: shapes whose quantization-aware passes run each scope of the persistent plans
+SCOPE_SHAPES = ([((5, 8, 4, 300, False), "grid")] if QUICK else
+                [((6, 8, 4, 32, True), "block"), ((5, 8, 4, 160, False), "cluster"),
+                 ((5, 8, 4, 300, False), "grid"), ((4, 3, 5, 1024, True), "grid")])
+
+
+@pytest.mark.parametrize("shape,scope", SCOPE_SHAPES,
+                         ids=[f"{s}-H{sh[3]}" for sh, s in SCOPE_SHAPES])
+def test_qat_runs_every_scope(cp, poison, rng, shape, scope):
+    """The persistent plans at block, cluster and grid scope, quantization-aware (the grid
+    scope's cooperative launch is sized from the QAT kernels' occupancy too)."""
+    T, B, I, H, bi = shape
+    D = 2 if bi else 1
+    f32 = np.dtype(np.float32)
+    assert {plans.fast_plan(B, H, D, f32, back, qat=True).scope for back in (0, 1)} == {scope}
+    check_qat_pass(cp, rng, T, B, I, H, bi, True, SPECS["w8_x_h_g"], np.float32, "fast")
+
+
+@pytest.mark.parametrize("path", ["steps", "fast", "small"])
+def test_a_plain_call_launches_no_quantization_aware_kernel(cp, rng, monkeypatch, path):
+    """quant=None launches the plain instances (their QAT flag false) and no quantizer;
+    quant=spec the QAT instances and the quantizers. (Every launch packs its arguments.)"""
+    from cukernels import runtime
+    launched = []
+    pack = runtime.Kernel.pack_into
+    monkeypatch.setattr(runtime.Kernel, "pack_into",
+                        lambda self, buf, args: launched.append(self.name) or
+                        pack(self, buf, args))
     p = to_gpu(cp, cast(problem(rng, 6, 3, 5, 7, True), np.float32))
-    a = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, path=path)
-    b = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, path=path,
-                          quant=None)
-    assert np.array_equal(a[0].get(), b[0].get()) and b[2].quant is None
+    for quant, flag in ((None, "false>"), (SPECS["w8_x_h_g"], "true>")):
+        launched.clear()
+        y, hn, saved = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                         path=path, quant=quant)
+        cugru.gru_backward(p["dy"], p["dh_n"], saved, path=path)
+        quantizers = [n for n in launched if n.startswith("gru_quant_")]
+        cell = [n for n in launched if n.startswith("gru_") and not n.startswith(
+            ("gru_quant_", "gru_sum_chunks"))]
+        assert cell and all(n.endswith(flag) for n in cell), (quant, launched)
+        assert len(quantizers) == (0 if quant is None else 2), launched
+        assert (saved.quant is None) == (quant is None)
+
+
+@pytest.mark.parametrize("path", ["steps", "fast", "small"])
+def test_nan_weights_give_nan_as_the_oracle_does(cp, rng, path):
+    """A NaN weight makes the outputs NaN on the GPU where it does in the oracle (the
+    quantizers keep NaN: a diverging quantization-aware run shows up as one)."""
+    p = cast(problem(rng, 6, 3, 5, 7, True), np.float32)
+    p["w_hh"][1, 4, 2] = np.nan
+    spec = SPECS["w8_x_h_g"]
+    want = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, quant=spec)[0]
+    g = to_gpu(cp, p)
+    got = _run(g, spec, path)[0].get()
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
 
 
 def test_qat_calls_are_deterministic(cp, rng):

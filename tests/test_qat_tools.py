@@ -9,18 +9,26 @@ from gru_cases import problem, weights
 
 
 def test_observer_gives_torch_observer_qparams(torch, rng):
+    """torch's observer keeps its range in the default dtype (float32 unless a program sets
+    another; the torch fixture sets float64, so it is set back here): ours is float32's."""
     from torch.ao.quantization import MovingAverageMinMaxObserver
-    ours = qat.Observer(-128, 127, averaging_constant=0.05)
-    ref = MovingAverageMinMaxObserver(averaging_constant=0.05, dtype=torch.qint8,
-                                      quant_min=-128, quant_max=127)
-    for k in range(12):
-        v = (rng.standard_normal(300) * (1 + k / 4) + 0.3).astype(np.float32)
-        ours.observe(v)
-        ref(torch.tensor(v, dtype=torch.float32))
-        s, zp, lo, hi = ours.qparams()
-        ts, tzp = ref.calculate_qparams()
-        assert s == pytest.approx(float(ts), rel=1e-6) and zp == int(tzp)
-        assert (lo, hi) == (-128, 127)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        ours = qat.Observer(-128, 127, averaging_constant=0.05)
+        ref = MovingAverageMinMaxObserver(averaging_constant=0.05, dtype=torch.qint8,
+                                          quant_min=-128, quant_max=127)
+        for k in range(200):
+            v = (rng.standard_normal(300) * (1 + k / 4) + 0.3).astype(np.float32)
+            ours.observe(v)
+            ref(torch.tensor(v, dtype=torch.float32))
+            s, zp, lo, hi = ours.qparams()
+            ts, tzp = ref.calculate_qparams()
+            assert ts.dtype == torch.float32
+            assert s == float(ts) and zp == int(tzp)       # to the bit
+            assert (lo, hi) == (-128, 127)
+    finally:
+        torch.set_default_dtype(old)
 
 
 def test_observer_range_holds_zero_and_rejects_bad_input():
@@ -34,6 +42,7 @@ def test_observer_range_holds_zero_and_rejects_bad_input():
         qat.Observer().qparams()
     with pytest.raises(ValueError, match="qmin < 0 < qmax"):
         qat.Observer(0, 255)
+    assert qat.Observer(np.int64(-8), np.int32(7)).qmin == -8
 
 
 def test_states_before_quant_are_what_the_state_quantizer_saw(rng):
@@ -98,3 +107,14 @@ def test_bad_qat_options_name_the_flag(capsys, monkeypatch, argv, flag):
         train.main(["--device", "cpu", "--no-progress", "--plot", ""] + argv)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_export_takes_one_direction_without_its_axis(rng):
+    p = problem(rng, 5, 4, 3, 6, False, with_h0=False)
+    spec = QuantSpec(8, (1 / 64, 0, -128, 127), (1 / 128, 0, -128, 127), gates=True)
+    flat = [w[0] for w in weights(p)]                 # (3H, I), (3H, H), (3H,), (3H,)
+    e = qat.export(spec, *flat)
+    assert e["w_ih_int8"].shape == (1, 18, 3) and e["b_hh"].shape == (1, 18)
+    last, _ = qat.integer_gru(e, p["x"])
+    same, _ = qat.integer_gru(qat.export(spec, *weights(p)), p["x"])
+    assert np.array_equal(last, same)

@@ -40,8 +40,9 @@ __device__ __forceinline__ int gru_time(int d, int steps, int s) {
 // ---- quantization-aware cells (cugru.QuantSpec; the instances with QAT = true)
 // fq(v) = (clamp(rint(v * inv) + zp, qmin, qmax) - zp) * scale, inv = 1/scale worked out in
 // float32 on the host, is computed as clamp(rint(v * inv), lo, hi) * scale with the bounds
-// shifted, lo = qmin - zp and hi = qmax - zp: the same bits (every level and bound is an
-// integer within 2^25, exact in float), and one parameter less to hold in registers. The
+// shifted, lo = qmin - zp and hi = qmax - zp: the same values (cugru.QuantSpec keeps every
+// shifted bound within 2^24, exact in float; a zero may come out as -0), and one parameter
+// less to hold in registers. The
 // straight-through estimator passes a gradient where lo <= rint(v * inv) <= hi. The kernels
 // take the state's grid and the flags (1: the state is quantized, 2: the gates are) as the
 // parameters q_scale, q_inv, q_lo, q_hi, q_flags. The history keeps the gates before their
@@ -62,12 +63,13 @@ __device__ __forceinline__ double gru_add_rn(double a, double b) { return __dadd
 __device__ __forceinline__ float gru_rint(float v) { return rintf(v); }
 __device__ __forceinline__ double gru_rint(double v) { return rint(v); }
 
-// fq(v) on the shifted bounds; `inside`: nothing was clipped
+// fq(v) on the shifted bounds; `inside`: nothing was clipped. A NaN stays NaN (as in the
+// numpy quantizer; fmin and fmax alone would turn it into a bound) and has no gradient.
 template <typename T>
 __device__ __forceinline__ T gru_fq(T v, T scale, T inv, T lo, T hi, bool& inside) {
     const T q = gru_rint(gru_mul_rn(v, inv));
     inside = q >= lo && q <= hi;
-    return gru_mul_rn(fmin(fmax(q, lo), hi), scale);
+    return gru_mul_rn(q < lo ? lo : (q > hi ? hi : q), scale);   // (a NaN passes both tests)
 }
 // the gates' fixed grids: r and z on (1/256, 0, 0, 255), n on (2/256, 128, 0, 255)
 template <typename T> __device__ __forceinline__ T gru_fq_rz(T v, bool& inside) {

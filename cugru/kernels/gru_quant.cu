@@ -6,25 +6,33 @@
 // and h are (scale, inv, lo, hi) with the bounds shifted by the zero point.
 #include "gru_common.cuh"
 
+// max(a, b) that keeps a NaN (fmax drops it), as numpy's max does
+template <typename T> __device__ __forceinline__ T gru_max_nan(T a, T b) {
+    return (a != a || b != b) ? a + b : fmax(a, b);
+}
+
 // The weights of one row (a block of GRU_QUANT_THREADS threads): s = float(max(max|w_row| /
 // qmax, 2^-23)), wq_row = clamp(rint(w_row * float(1/s)), -qmax, qmax) * s. A maximum is
-// exact in any order, so the scale has the same bits on every run.
+// exact in any order, so the scale has the same bits on every run. A NaN weight makes its
+// row NaN, as in the numpy quantizer.
 template <typename T>
 __device__ __forceinline__ void gru_fq_row(const T* __restrict__ src, T* __restrict__ dst,
                                            int cols, T qmax, T* part) {
     T m = T(0);
-    for (int c = threadIdx.x; c < cols; c += GRU_QUANT_THREADS) m = fmax(m, fabs(src[c]));
+    for (int c = threadIdx.x; c < cols; c += GRU_QUANT_THREADS)
+        m = gru_max_nan(m, fabs(src[c]));
     part[threadIdx.x] = m;
     __syncthreads();
     for (int k = GRU_QUANT_THREADS / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) part[threadIdx.x] = fmax(part[threadIdx.x], part[threadIdx.x + k]);
+        if (threadIdx.x < k)
+            part[threadIdx.x] = gru_max_nan(part[threadIdx.x], part[threadIdx.x + k]);
         __syncthreads();
     }
-    const float s = (float)fmax(part[0] / qmax, T(1.1920928955078125e-07));   // 2^-23
+    const float s = (float)gru_max_nan(part[0] / qmax, T(1.1920928955078125e-07));   // 2^-23
     const float inv = 1.0f / s;
     for (int c = threadIdx.x; c < cols; c += GRU_QUANT_THREADS) {
-        const T q = fmin(fmax(gru_rint(gru_mul_rn(src[c], T(inv))), -qmax), qmax);
-        dst[c] = gru_mul_rn(q, T(s));
+        const T u = gru_rint(gru_mul_rn(src[c], T(inv)));
+        dst[c] = u != u ? u : gru_mul_rn(fmin(fmax(u, -qmax), qmax), T(s));
     }
 }
 
