@@ -42,7 +42,7 @@ class Observer:
 
     def observe(self, v):
         """Move the range towards this batch's min and max."""
-        lo, hi = np.float32(v.min()), np.float32(v.max())
+        lo, hi = np.float32(float(v.min())), np.float32(float(v.max()))   # (numpy or cupy)
         if not (np.isfinite(lo) and np.isfinite(hi)):
             raise ValueError("the observed values are not finite")
         if self.min is None:
