@@ -218,3 +218,12 @@ def test_qat_backward_plans_have_their_kernels(dtype):
             assert plan.tile not in left_out
             assert _catalog.tile_backward(_catalog.CTYPE[np.dtype(dtype).itemsize], plan.tile,
                                           True) in names
+
+
+def test_main_job_qat_runs_on_the_gpu(cp, capsys):
+    from cugru import train
+    assert train.main(["--device", "gpu", "--epochs", "2", "--hidden", "8", "--qat",
+                       "--qat-epochs", "2", "--freeze-epochs", "1", "--no-progress",
+                       "--plot", ""]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("QAT:"))
+    assert float(line.split("model on ")[1].split("%")[0]) >= 99.0
