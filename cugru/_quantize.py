@@ -11,21 +11,17 @@ import functools
 
 from . import _catalog as cat
 from . import _device as dev
-from .quant import inverse, kernel_args
+from .quant import kernel_args, shifted_grid
 
 #: blocks of the elementwise quantizers' grid-stride loops (at most)
 FQ_MAX_BLOCKS = 1024
-_NO_GRID = {"scale": 1.0, "inv": 1.0, "lo": 0.0, "hi": 0.0}
+_GRID_KEYS = ("scale", "inv", "lo", "hi")
 
 
-def _grid(prefix, qparams, keys=("scale", "inv", "lo", "hi")):
+def _grid(prefix, qparams, keys=_GRID_KEYS):
     """A grid's kernel arguments: scale, 1/scale and the bounds shifted by the zero point."""
-    if qparams is None:
-        values = _NO_GRID
-    else:
-        s, zp, lo, hi = qparams
-        values = {"scale": s, "inv": float(inverse(s)), "lo": float(lo - zp),
-                  "hi": float(hi - zp)}
+    grid = (1.0, 1.0, 0.0, 0.0) if qparams is None else shifted_grid(qparams)
+    values = dict(zip(_GRID_KEYS, grid))
     return {f"{prefix}_{k}": values[k] for k in keys}
 
 

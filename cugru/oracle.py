@@ -45,29 +45,18 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     return forward(a)
 
 
-def _identity(v):
-    return v
-
-
-def _quantizer(qparams):
-    """v -> fq(v) on `qparams`, or the identity for None."""
+def _fq(v, qparams):
+    """(fq(v), the straight-through estimator's mask: 1 where nothing was clipped), or
+    (v, 1) where `qparams` is None (nothing quantized there)."""
     if qparams is None:
-        return _identity
-    return lambda v: fake_quant(v, qparams)[0]
+        return v, 1
+    vq, inside = fake_quant(v, qparams)
+    return vq, inside.astype(v.dtype)
 
 
-def _mask(v, qparams):
-    """The straight-through estimator's mask of fq(v) (1 where nothing was clipped)."""
-    if qparams is None:
-        return 1
-    return fake_quant(v, qparams)[1].astype(v.dtype)
-
-
-def _cell_quantizers(quant):
-    """(fq of r and z, fq of n, fq of the state) of a quantization-aware pass."""
-    gates = quant is not None and quant.gates
-    return (_quantizer(GATE_RZ if gates else None), _quantizer(GATE_N if gates else None),
-            _quantizer(quant.h_qparams if quant is not None else None))
+def _gate_grids(quant):
+    """The grids of r and z, and of n, in a quantization-aware pass (None: not quantized)."""
+    return (GATE_RZ, GATE_N) if quant.gates else (None, None)
 
 
 def forward(a):
@@ -77,11 +66,11 @@ def forward(a):
     dt = x.dtype
     q = a.quant
     if q is not None:                 # the quantized operands, once per call
-        x = _quantizer(q.x_qparams)(x)
+        x = _fq(x, q.x_qparams)[0]
         w_ih, w_hh = quant_rows(w_ih, q.weight_bits)[0], quant_rows(w_hh, q.weight_bits)[0]
         if h0 is not None:
-            h0 = _quantizer(q.h_qparams)(h0)
-    fq_rz, fq_n, fq_h = _cell_quantizers(q)
+            h0 = _fq(h0, q.h_qparams)[0]
+        g_rz, g_n = _gate_grids(q)
     hs = np.empty((D, T + 1, B, H), dt)
     hs[:, 0] = 0 if h0 is None else h0
     gates = np.empty((D, T, B, 4 * H), dt)
@@ -99,10 +88,10 @@ def forward(a):
                 n = np.tanh(gi[s, :, 2 * H:] + r * hn)
                 hs[d, s + 1] = (1 - z) * n + z * h
             else:                     # (the history keeps the gates before their quantizers)
-                rq, zq = fq_rz(r), fq_rz(z)
+                rq, zq = _fq(r, g_rz)[0], _fq(z, g_rz)[0]
                 n = np.tanh(gi[s, :, 2 * H:] + rq * hn)
-                nq = fq_n(n)
-                hs[d, s + 1] = fq_h((1 - zq) * nq + zq * h)
+                nq = _fq(n, g_n)[0]
+                hs[d, s + 1] = _fq((1 - zq) * nq + zq * h, q.h_qparams)[0]
             gates[d, s] = np.concatenate([r, z, n, hn], axis=1)
         _step_order(y, d)[:, :, d * H:(d + 1) * H] = hs[d, 1:]
     h_n = hs[:, T].copy()
@@ -127,7 +116,7 @@ def backward(dy, dh_n, saved):
     T, B, I, H, D = saved.dims
     dt = dy.dtype
     q = saved.quant
-    fq_rz, fq_n, fq_h = _cell_quantizers(q)
+    g_rz, g_n = _gate_grids(q) if q is not None else (None, None)
     dgi = np.empty((T, B, D, 3 * H), dt)      # time order: the rows of x
     dgh = np.empty((D, T, B, 3 * H), dt)      # step order: the rows of hs
     dh0 = np.zeros((D, B, H), dt) if dh_n is None else dh_n.copy()
@@ -146,15 +135,12 @@ def backward(dy, dh_n, saved):
                 dr = dn * hn * r * (1 - r)
                 r_used, z_used = r, z
             else:   # the quantizers again, from the saved gates: their values and masks
-                gates_q = q.gates and (GATE_RZ, GATE_N)
-                rq, zq, nq = fq_rz(r), fq_rz(z), fq_n(n)
+                (rq, m_r), (zq, m_z), (nq, m_n) = _fq(r, g_rz), _fq(z, g_rz), _fq(n, g_n)
                 if q.h_qparams is not None:
-                    dh = dh * _mask((1 - zq) * nq + zq * h, q.h_qparams)
-                m_rz = (lambda v: _mask(v, GATE_RZ)) if gates_q else (lambda v: 1)
-                m_n = _mask(n, GATE_N) if gates_q else 1
+                    dh = dh * _fq((1 - zq) * nq + zq * h, q.h_qparams)[1]
                 dn = dh * (1 - zq) * m_n * (1 - n * n)
-                dz = dh * (h - nq) * m_rz(z) * z * (1 - z)
-                dr = dn * hn * m_rz(r) * r * (1 - r)
+                dz = dh * (h - nq) * m_z * z * (1 - z)
+                dr = dn * hn * m_r * r * (1 - r)
                 r_used, z_used = rq, zq
             dgi_d[s] = np.concatenate([dr, dz, dn], axis=1)
             dgh[d, s] = np.concatenate([dr, dz, dn * r_used], axis=1)
@@ -169,7 +155,7 @@ def backward(dy, dh_n, saved):
     db_hh = dgh.sum(axis=(1, 2))
     dx = (dgi.reshape(T * B, D * 3 * H) @ saved.w_ih.reshape(D * 3 * H, I)).reshape(T, B, I)
     if q is not None:
-        dx = dx * _mask(saved.x_real, q.x_qparams)
+        dx = dx * _fq(saved.x_real, q.x_qparams)[1]
         if saved.h0_real is not None:
-            dh0 = dh0 * _mask(saved.h0_real, q.h_qparams)
+            dh0 = dh0 * _fq(saved.h0_real, q.h_qparams)[1]
     return (dx, dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)

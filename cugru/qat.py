@@ -20,7 +20,7 @@ import numbers
 
 import numpy as np
 
-from .quant import GATE_N, GATE_RZ, QuantSpec, inverse, quant_rows, row_scales
+from .quant import GATE_N, GATE_RZ, QuantSpec, fake_quant, inverse, quant_rows, row_scales
 
 _EPS32 = float(np.finfo(np.float32).eps)
 
@@ -62,33 +62,17 @@ class Observer:
         return float(scale), min(max(zp, self.qmin), self.qmax), self.qmin, self.qmax
 
 
-def _xp(a):
-    if isinstance(a, np.ndarray):
-        return np
-    from cukernels import runtime
-    return runtime.cupy_module()
-
-
-def _fq(xp, v, qparams):
-    """fq(v) on numpy or cupy arrays (cugru.quant.fake_quant's formula)."""
-    dt = v.dtype.type
-    s, zp, lo, hi = qparams
-    q = xp.rint(v * dt(inverse(s))) + dt(zp)
-    return (xp.clip(q, dt(lo), dt(hi)) - dt(zp)) * dt(np.float32(s))
-
-
 def states_before_quant(saved):
     """The new states (D, T, B, H) of a quantization-aware forward pass before its state
     quantizer, (1 - z) n + z h with its gates as quantized: what an observer of h sees."""
     q = saved.quant
     if q is None:
         raise ValueError("saved comes from a pass without quant (its states are not quantized)")
-    xp = _xp(saved.hs)
     H = saved.hs.shape[-1]
     g = saved.gates
     z, n = g[..., H:2 * H], g[..., 2 * H:3 * H]
     if q.gates:
-        z, n = _fq(xp, z, GATE_RZ), _fq(xp, n, GATE_N)
+        z, n = fake_quant(z, GATE_RZ)[0], fake_quant(n, GATE_N)[0]
     return (1 - z) * n + z * saved.hs[:, :-1]
 
 
@@ -156,7 +140,7 @@ def integer_gru(exported, x):
     last = np.empty((D, B, H))
     levels = np.empty((T, D, B, H), np.int32)
     sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    gq = lambda v, qp: _fq(np, v, qp) if gates else v  # noqa: E731
+    gq = lambda v, qp: fake_quant(v, qp)[0] if gates else v  # noqa: E731
     for d in range(D):
         h8 = np.full((B, H), hq[1], np.int32)            # h0 = 0: the zero point
         for s in range(T):

@@ -130,14 +130,30 @@ def inverse(scale) -> np.float32:
 
 
 # ------------------------------------------------------------------- the numpy quantizer
+def _array_module(v):
+    if isinstance(v, np.ndarray):
+        return np
+    from cukernels import runtime
+    return runtime.cupy_module()
+
+
 def fake_quant(v, qparams):
     """(fq(v), inside): the fake-quantized array in v's dtype, and where nothing was
-    clipped (the straight-through estimator's mask). numpy arrays."""
+    clipped (the straight-through estimator's mask). numpy or cupy arrays."""
+    xp = _array_module(v)
     dt = v.dtype.type
     s, zp, lo, hi = qparams
-    q = np.rint(v * dt(inverse(s))) + dt(zp)
+    q = xp.rint(v * dt(inverse(s))) + dt(zp)
     inside = (q >= lo) & (q <= hi)
-    return (np.clip(q, dt(lo), dt(hi)) - dt(zp)) * dt(np.float32(s)), inside
+    return (xp.clip(q, dt(lo), dt(hi)) - dt(zp)) * dt(np.float32(s)), inside
+
+
+def shifted_grid(qparams):
+    """(scale, 1/scale, qmin - zp, qmax - zp): a grid as the kernels take it. On the bounds
+    shifted by the zero point they compute fq's values with one parameter fewer
+    (cugru/kernels/gru_common.cuh); QuantSpec keeps the shifted bounds exact in float32."""
+    s, zp, lo, hi = qparams
+    return s, float(inverse(s)), float(lo - zp), float(hi - zp)
 
 
 def row_scales(w, bits):
@@ -168,11 +184,8 @@ def kernel_args(quant) -> dict:
     flags = 0
     if quant is not None:
         flags = (1 if hq is not None else 0) | (2 if quant.gates else 0)
-    if hq is None:
-        return {"q_scale": 1.0, "q_inv": 1.0, "q_lo": 0.0, "q_hi": 0.0, "q_flags": flags}
-    s, zp, lo, hi = hq
-    return {"q_scale": s, "q_inv": float(inverse(s)), "q_lo": float(lo - zp),
-            "q_hi": float(hi - zp), "q_flags": flags}
+    grid = (1.0, 1.0, 0.0, 0.0) if hq is None else shifted_grid(hq)
+    return dict(zip(("q_scale", "q_inv", "q_lo", "q_hi"), grid), q_flags=flags)
 
 
 NO_QUANT_ARGS = kernel_args(None)

@@ -126,26 +126,35 @@ def forward_step(train):
     return run
 
 
+def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D):
+    """gru_common.cuh's gru_read_history, gru_cell_backward and gru_write_backward for the
+    units (d, b, j) at step s (time t), from their carried gradient: returns dh * z, the
+    direct part of the next carry (flat arrays)."""
+    H3 = 3 * H
+    g = ((d * steps + s) * B + b) * 4 * H
+    r, z, n, hn = gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j]
+    h = hs[((d * (steps + 1) + s) * B + b) * H + j]
+    dh = dy[(t * B + b) * D * H + d * H + j] + carry
+    dn = dh * (1 - z) * (1 - n * n)
+    dz = dh * (h - n) * z * (1 - z)
+    dr = dn * hn * r * (1 - r)
+    row_i, row_h = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
+    dgi[row_i + j], dgi[row_i + H + j], dgi[row_i + 2 * H + j] = dr, dz, dn
+    dgh[row_h + j], dgh[row_h + H + j], dgh[row_h + 2 * H + j] = dr, dz, dn * r
+    return dh * z
+
+
 def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
     """gru_backward_step<T>."""
     D = grid[1]
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
-    BH, H3 = B * H, 3 * H
+    BH = B * H
     for d in range(D):
         i = np.arange(BH)
         b, j = i // H, i % H
         t = s if d == 0 else steps - 1 - s
-        g = ((d * steps + s) * B + b) * 4 * H
-        r, z, n, hn = gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j]
-        h = hs[(d * (steps + 1) + s) * BH + i]
-        dhv = dy[(t * B + b) * D * H + d * H + j] + dh[d * BH + i]
-        dn = dhv * (1 - z) * (1 - n * n)
-        dz = dhv * (h - n) * z * (1 - z)
-        dr = dn * hn * r * (1 - r)
-        row_i, row_h = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
-        dgi[row_i + j], dgi[row_i + H + j], dgi[row_i + 2 * H + j] = dr, dz, dn
-        dgh[row_h + j], dgh[row_h + H + j], dgh[row_h + 2 * H + j] = dr, dz, dn * r
-        dh[d * BH + i] = dhv * z
+        dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i], d, s, t, b, j,
+                                   steps, B, H, D)
 
 
 def small_forward(train):
@@ -197,19 +206,10 @@ def small_backward(grid, block, smem, cooperative, dy, dh_n, x, w_ih, w_hh, gate
     carry = dh_n.reshape(-1).copy() if dh_n is not None else np.zeros(units)
     for s in range(steps - 1, -1, -1):
         t = np.where(d == 0, s, steps - 1 - s)
-        g = ((d * steps + s) * B + b) * 4 * H
-        r, z, n, hn = gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j]
-        h = hs[((d * (steps + 1) + s) * B + b) * H + j]
-        dh = dy[(t * B + b) * D * H + d * H + j] + carry
-        dn = dh * (1 - z) * (1 - n * n)
-        dz = dh * (h - n) * z * (1 - z)
-        dr = dn * hn * r * (1 - r)
-        row_i, row_h = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
-        dgi[row_i + j], dgi[row_i + H + j], dgi[row_i + 2 * H + j] = dr, dz, dn
-        dgh[row_h + j], dgh[row_h + H + j], dgh[row_h + 2 * H + j] = dr, dz, dn * r
+        dhz = gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D)
         k = np.arange(H3)
         step = dgh[(((d * steps + s) * B + b) * H3)[:, None] + k]
-        carry = dh * z + (step * w_hh[(d * H3)[:, None] * H + k * H + j[:, None]]).sum(1)
+        carry = dhz + (step * w_hh[(d * H3)[:, None] * H + k * H + j[:, None]]).sum(1)
     dh0.reshape(-1)[:] = carry
     rows, DG = steps * B, D * H3
     gi_rows = dgi.reshape(rows, DG)
