@@ -3,7 +3,7 @@
 Each public function mirrors one document kernel. numpy arrays run the numpy oracle (the CPU
 fallback, cukernels.oracle); cupy arrays run the CUDA kernels. See docs/api.md.
 """
-from . import article, oracle
+from . import article, multi, oracle
 from .runtime import gpu_available
 from .activations import (line_activation, lrelu_activation, lrelu_derivative, mask_mult,
                           sigmoid_activation, sigmoid_derivative, softmax_activation,
@@ -22,5 +22,5 @@ __all__ = [
     "swish_activation", "swish_derivative", "softmax_activation", "softmax_derivative",
     "calc_output_gradient", "calc_hidden_gradient", "calc_delta_weights", "sgd_update",
     "momentum_update", "adagrad_update", "rmsprop_update", "adadelta_update", "adam_update",
-    "mask_mult", "article", "oracle", "gpu_available",
+    "mask_mult", "article", "multi", "oracle", "gpu_available",
 ]

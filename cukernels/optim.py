@@ -18,12 +18,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _launch, checks, oracle
+from . import _launch, checks, oracle, runtime
 
 UPDATE_KERNELS = ("sgd_update", "momentum_update", "adagrad_update", "rmsprop_update",
                   "adadelta_update", "adam_update")
-_launch.register("optim.cu", lambda c: [f"{k}<{c},{b}>" for k in UPDATE_KERNELS
-                                        for b in _launch.BOOLS])
+#: the tensor-list kernels' table (cukernels.multi): per tensor, one 64-bit word for each of
+#: these, in this order, padded to MT_FIELDS words (rendered into optim.cu as MT_<NAME>)
+MT_LAYOUT = ("D", "W", "S1", "S2", "N", "FIRST", "VEC")
+MT_FIELDS = 8
+
+
+def _instances():
+    """One module per element type for the single-tensor kernels and one for the list
+    kernels, so a call compiles only the form it runs."""
+    out = {}
+    for c in _launch.CTYPES:
+        out[c] = tuple(f"{k}<{c},{b}>" for k in UPDATE_KERNELS for b in _launch.BOOLS)
+        out[f"{c}-multi"] = tuple(f"{k}_multi<{c},{b}>" for k in UPDATE_KERNELS
+                                  for b in _launch.BOOLS)
+    return out
+
+
+runtime.register(runtime.Source(
+    "optim.cu", _launch.KERNEL_DIR, _instances,
+    defines=lambda: {"MT_FIELDS": MT_FIELDS, **{f"MT_{k}": i for i, k in enumerate(MT_LAYOUT)}}))
 #: the range of each scalar: (lowest, highest or None); decay rates stay below their highest
 _RANGES = {"learning_rate": (None, None), "lambda1": (0.0, None), "lambda2": (0.0, None),
            "eps": (0.0, None), "beta": (0.0, 1.0), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0)}
@@ -77,6 +95,11 @@ def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
     checks.check_distinct(**arrays)
     checks.integer("batch_size", batch_size, min_value=1)
     checks.variant_of(variant)
+    return xp is not np, check_scalars(dt, scalars)
+
+
+def check_scalars(dt, scalars):
+    """{name: scalar in dtype dt}, each checked against its range (_RANGES); errors name it."""
     wrapped = {}
     limit = checks.F32_OVERFLOW
     for name, value in scalars.items():
@@ -89,7 +112,7 @@ def _prepare(delta_weights, weights, states, batch_size, variant, scalars):
         else:
             wrapped[name] = checks.real(name, value, dt, min_value=low, max_value=high,
                                         below_max=True)
-    return xp is not np, wrapped
+    return wrapped
 
 
 _NAMES = {(k, c, v): f"{k}<{c},{_launch.BOOLS[v == 'book']}>" for k in UPDATE_KERNELS
@@ -97,14 +120,31 @@ _NAMES = {(k, c, v): f"{k}<{c},{_launch.BOOLS[v == 'book']}>" for k in UPDATE_KE
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
+def kernel_scalars(batch_size, sc, c1=0.0, c2=0.0):
+    """The update kernels' scalar arguments (batch, lr, beta1, beta2, l1, l2, eps, c1, c2)
+    from the checked scalars `sc` (by argument name); a rule's unused ones are 0."""
+    g = sc.get
+    return (float(batch_size), g("learning_rate", 0.0), g("beta", g("beta1", 0.0)),
+            g("beta2", 0.0), g("lambda1", 0.0), g("lambda2", 0.0), g("eps", 0.0), c1, c2)
+
+
+def adam_factors(variant, learning_rate, beta1, beta2, t):
+    """Adam's step check and its bias factors (c1, c2) for the kernels: t an int >= 1 for
+    variant="standard" (an error naming t otherwise); (0, 0) for the book's."""
+    if variant == "standard" and not (type(t) is int and t >= 1):
+        if t is None:
+            raise ValueError("t (the step number, from 1) is required for variant='standard'")
+        checks.integer("t", t, min_value=1)
+    if variant == "book":
+        return 0.0, 0.0
+    return oracle.adam_bias_factors(learning_rate, beta1, beta2, t)
+
+
 def _run(name, variant, delta_weights, weights, s1, s2, batch_size, sc, c1=0.0, c2=0.0):
     """Launch the update kernel `name` with the checked scalars `sc` (by argument name)."""
-    g = sc.get
-    _launch.launch_update(
-        _NAMES[name, _CTYPE[weights.dtype], variant],
-        delta_weights, weights, s1, s2, float(batch_size), g("learning_rate", 0.0),
-        g("beta", g("beta1", 0.0)), g("beta2", 0.0), g("lambda1", 0.0), g("lambda2", 0.0),
-        g("eps", 0.0), c1, c2)
+    _launch.launch_update(_NAMES[name, _CTYPE[weights.dtype], variant],
+                          delta_weights, weights, s1, s2,
+                          *kernel_scalars(batch_size, sc, c1, c2))
 
 
 def sgd_update(delta_weights, weights, batch_size, learning_rate=3e-4, lambda1=0.0,
@@ -186,15 +226,10 @@ def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, lear
                        {"momentum_m": momentum_m, "momentum_v": momentum_v}, batch_size, variant,
                        {"learning_rate": learning_rate, "beta1": beta1, "beta2": beta2,
                         "lambda1": lambda1, "lambda2": lambda2, "eps": eps})
-    if variant == "standard" and not (type(t) is int and t >= 1):
-        if t is None:
-            raise ValueError("t (the step number, from 1) is required for variant='standard'")
-        checks.integer("t", t, min_value=1)
+    c1, c2 = adam_factors(variant, learning_rate, beta1, beta2, t)
     if not gpu:
         return oracle.adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size,
                                   learning_rate, beta1, beta2, lambda1, lambda2, t=t,
                                   variant=variant, eps=eps)
-    c1, c2 = (0.0, 0.0) if variant == "book" else oracle.adam_bias_factors(learning_rate, beta1,
-                                                                            beta2, t)
     _run("adam_update", variant, delta_weights, weights, momentum_m, momentum_v, batch_size, sc,
          c1=c1, c2=c2)

@@ -176,7 +176,7 @@ _KIND = [(re.compile(p), k) for p, k in (
     (r"^unsigned(\s+int)?$", "u32"), (r"^int$", "i32"), (r"^float$", "f32"),
     (r"^double$", "f64"), (r"^T$", "elem"))]
 _GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?"
-                     r"(?:[A-Z_][A-Z0-9_]*\([^)]*\)\s*)?(\w+)\s*\(")
+                     r"(?:[A-Z_][A-Z0-9_]*\([^)]*\)\s*)?(\w+(?:\s*##\s*\w+)?)\s*\(")
 _MACRO = re.compile(r"^[ \t]*#define[ \t]+(\w+)(\(([^)]*)\))?((?:[^\n]*\\\n)*[^\n]*)$", re.M)
 
 
@@ -205,7 +205,8 @@ def _param(decl):
 def parse_signatures(text: str) -> dict[str, tuple]:
     """{kernel name: ((parameter name, kind), ...)} of every __global__ function in `text`:
     declared directly, with a parameter list held in an object-like macro, or in the body
-    of a function-like macro whose invocations name the kernels."""
+    of a function-like macro whose invocations name the kernels (a body may declare
+    several, named by a macro argument or by one pasted to a suffix, NAME##_multi)."""
     macros = {m.group(1): (m.group(3), m.group(4).replace("\\\n", " "))
               for m in _MACRO.finditer(text)}
 
@@ -223,11 +224,14 @@ def parse_signatures(text: str) -> dict[str, tuple]:
         if args is None or "__global__" not in body:
             continue
         formal = [a.strip() for a in args.split(",")]
-        g = _GLOBAL.search(body)
-        sig = params(_balanced(body, g.end()))
-        slot = formal.index(g.group(1))
-        for call in re.finditer(rf"^[ \t]*{name}\(([^)]*)\)", plain, re.M):
-            out[call.group(1).split(",")[slot].strip()] = sig
+        calls = [c.group(1).split(",") for c in
+                 re.finditer(rf"^[ \t]*{name}\(([^)]*)\)", plain, re.M)]
+        for g in _GLOBAL.finditer(body):      # (a kernel named NAME or NAME##suffix)
+            sig = params(_balanced(body, g.end()))
+            formal_name, _, suffix = (t.strip() for t in g.group(1).partition("##"))
+            slot = formal.index(formal_name)
+            for call in calls:
+                out[call[slot].strip() + suffix] = sig
     return out
 
 

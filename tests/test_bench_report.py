@@ -82,3 +82,25 @@ def test_qat_table_judges_both_goals_on_every_shape():
     assert any("0.8x" in ln and "NOT met (lowest 0.77x" in ln for ln in missed)
     assert any("100x" in ln and "NOT met (lowest 20.00x)" in ln for ln in missed)
     assert "| 0.91x | 90, 120 |" in missed[2]          # device time held apart, host µs
+
+
+def test_multi_table_judges_both_goals():
+    from bench import multi
+
+    def res(ms, share):
+        many = [{"shape": label, "tensors": n, "elements": n * e, "TensorLists ms": ms,
+                 "list function ms": 0.4, "a call per tensor ms": 3.0,
+                 "torch Adam(fused) ms": 0.78, "TensorLists device ms": 0.12}
+                for label, n, e in multi.MANY]
+        band = [{"shape": label, "tensors": n, "elements": 2**26,
+                 **{rule: {"us": 100.0, "GB/s": 2000.0, "of copy": share + 0.01 * k}
+                    for rule in multi.ARRAYS}} for k, (label, n, _) in enumerate(multi.BIG)]
+        chunks = [{"shape": "200 x 64K", **{str(c): 10.0 for c in multi.CHUNKS}}]
+        return {"copy GB/s": 2500.0, "many": many, "bandwidth": band, "chunks": chunks}
+    met = multi.markdown(res(0.2, 0.91))
+    assert "- Adam over 200 x 64K in <= 0.25 ms a step: met (0.200 ms)" in met
+    assert "- Adam at 2^26 elements >= 90% of copy: met (lowest 91.0%)" in met
+    assert "| 200 x 64K | 0.200 | 0.400 | 3.000 | 0.780 | 3.90x | 0.120 |" in met
+    missed = multi.markdown(res(0.3, 0.85))
+    assert "- Adam over 200 x 64K in <= 0.25 ms a step: NOT met (0.300 ms)" in missed
+    assert "- Adam at 2^26 elements >= 90% of copy: NOT met (lowest 85.0%)" in missed

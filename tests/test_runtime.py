@@ -14,7 +14,8 @@ TEXT = r"""
 #define PARAMS const T* __restrict__ a, T* b, long long n, \
     unsigned int* counters, int k
 #define MAKE(NAME, OP) \
-    template <typename T> __global__ void NAME(const T* x, T s, double d, int c) { OP; }
+    template <typename T> __global__ void NAME(const T* x, T s, double d, int c) { OP; } \
+    template <typename T> __global__ void NAME##_list(const long long* t, int* m) { OP; }
 template <typename T>
 __global__ void __launch_bounds__(256, 1) plain(const T* __restrict__ x, T* y, T alpha,
                                                 long long n, int vec) {}
@@ -36,6 +37,8 @@ def test_signatures_are_read_from_declarations_macros_and_kernel_macros():
     assert sig["untemplated"] == (("counter", "ptr"), ("n", "i32"))
     for name in ("first", "second"):
         assert sig[name] == (("x", "ptr"), ("s", "elem"), ("d", "f64"), ("c", "i32"))
+        assert sig[name + "_list"] == (("t", "ptr"), ("m", "ptr"))
+    assert "NAME" not in sig and not any("#" in name for name in sig)
 
 
 def _kernel(name, params):

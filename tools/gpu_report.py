@@ -200,8 +200,8 @@ def main(argv=None) -> int:
 
     if "sanitizer" not in skip:
         lines = ["## compute-sanitizer", "",
-                  "GPU tests of tests/test_gpu.py, tests/test_gru_gpu.py and "
-                  "tests/test_qat_gpu.py (`CK_QUICK=1`: sizes 5 and 1001, fewer and shorter "
+                  "GPU tests of tests/test_gpu.py, tests/test_multi.py, tests/test_gru_gpu.py "
+                  "and tests/test_qat_gpu.py (`CK_QUICK=1`: sizes 5 and 1001, fewer and shorter "
                   "GRU shapes, two quantization specs; CuPy's pool off; not the cuDNN "
                   "comparison) under each tool.", "",
                   "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
@@ -210,7 +210,8 @@ def main(argv=None) -> int:
         for tool, (sel, flags) in SANITIZER_TOOLS.items():
             xml = os.path.join(out, f"san-{tool}.xml")
             cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
-                   py, "-m", "pytest", "tests/test_gpu.py", "tests/test_gru_gpu.py",
+                   py, "-m", "pytest", "tests/test_gpu.py", "tests/test_multi.py",
+                   "tests/test_gru_gpu.py",
                    "tests/test_qat_gpu.py", "-q",
                    "-p", "no:cacheprovider", "-m", "gpu and not slow", f"--junitxml={xml}",
                    # cuDNN's own kernels are not ours to check
@@ -257,6 +258,18 @@ def main(argv=None) -> int:
         lines.append(open(md).read() if os.path.exists(md) else f"benchmarks failed (exit {rc}); see bench-log.txt")
         if os.path.exists(md):
             os.remove(md)
+        # the updates over lists of tensors against torch's fused Adam and per-tensor calls
+        multi = os.path.join(out, "multi.json")
+        rc, secs = sh([py, "-m", "bench.multi", "--json", multi],
+                      os.path.join(out, "bench-log.txt"), timeout=300)
+        lines += ["", "### Updates over lists of tensors (bench/multi.py)", ""]
+        if rc == 0 and os.path.exists(multi):
+            sys.path.insert(0, ROOT)
+            from bench import multi as multi_bench
+            lines += multi_bench.markdown(json.load(open(multi)))
+            os.remove(multi)
+        else:
+            lines.append(f"List-update benchmark failed (exit {rc}); see bench-log.txt")
         write(out, "bench", lines)
 
     if "gru" not in skip:

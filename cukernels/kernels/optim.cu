@@ -95,17 +95,20 @@ template <typename T, bool BOOK> struct AdamOp {
     }
 };
 
-// NS: how many moment arrays the rule keeps (0, 1 or 2). Same scheme as ew_map: CK_UNROLL
-// 16-byte packs per thread per iteration, all loads before the first use.
+// The update of n weights by threads tid, tid + S, ... (the whole grid for one tensor, one
+// block for a chunk of a tensor list). NS: how many moment arrays the rule keeps (0, 1 or
+// 2). Same scheme as ew_map: CK_UNROLL 16-byte packs per thread per iteration, all loads
+// before the first use. Each element's arithmetic is Op::apply alone, so which thread
+// updates an element, and in which launch, never changes its bits.
 template <typename T, int NS, class Op>
 __device__ __forceinline__ void opt_map(T* D, T* w, T* s1, T* s2, long long n,
-                                        const OptParams<T>& p, int vec) {
+                                        const OptParams<T>& p, int vec, long long tid,
+                                        long long S) {
     const int V = Pack16<T>::N, U = CK_UNROLL;
-    const long long S = ck_stride();
     long long head = 0;
     if (vec) {
         const long long packs = n / V;
-        for (long long c0 = ck_tid(); c0 < packs; c0 += S * U) {
+        for (long long c0 = tid; c0 < packs; c0 += S * U) {
             T d[U][V], ww[U][V], a[U][V], b[U][V];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -134,7 +137,7 @@ __device__ __forceinline__ void opt_map(T* D, T* w, T* s1, T* s2, long long n,
         }
         head = packs * V;
     }
-    for (long long i = head + ck_tid(); i < n; i += S) {
+    for (long long i = head + tid; i < n; i += S) {
         T ww = w[i], a = NS > 0 ? s1[i] : T(0), b = NS > 1 ? s2[i] : T(0);
         Op::apply(D[i], ww, a, b, p);
         w[i] = ww;
@@ -144,12 +147,38 @@ __device__ __forceinline__ void opt_map(T* D, T* w, T* s1, T* s2, long long n,
     }
 }
 
+// The tensor-list form (cukernels.multi): one launch updates every tensor of a list. The
+// table holds, per tensor, MT_FIELDS 64-bit words: the addresses of D, w, s1 and s2, the
+// element count n, the first chunk's block, and vec (its four arrays 16-byte aligned).
+// Block b updates chunk (b - first) of tensor chunk_tensor[b]: `chunk` elements (a multiple
+// of 16 bytes' worth, so every chunk keeps its tensor's alignment), fewer in the last.
+template <typename T, int NS, class Op>
+__device__ __forceinline__ void opt_multi(const long long* __restrict__ table,
+                                          const int* __restrict__ chunk_tensor,
+                                          long long chunk, const OptParams<T>& p) {
+    const long long* e = table + (long long)chunk_tensor[blockIdx.x] * MT_FIELDS;
+    const long long start = ((long long)blockIdx.x - e[MT_FIRST]) * chunk;
+    const long long n = min(chunk, e[MT_N] - start);
+    T* D = reinterpret_cast<T*>(e[MT_D]) + start;
+    T* w = reinterpret_cast<T*>(e[MT_W]) + start;
+    T* s1 = NS > 0 ? reinterpret_cast<T*>(e[MT_S1]) + start : w;
+    T* s2 = NS > 1 ? reinterpret_cast<T*>(e[MT_S2]) + start : w;
+    opt_map<T, NS, Op>(D, w, s1, s2, n, p, (int)e[MT_VEC], threadIdx.x, blockDim.x);
+}
+
 #define CK_UPDATE(NAME, NS, OP)                                                              \
     template <typename T, bool BOOK>                                                         \
     __global__ void NAME(T* D, T* w, T* s1, T* s2, long long n, T batch, T lr, T beta1,      \
                          T beta2, T l1, T l2, T eps, T c1, T c2, int vec) {                  \
         const OptParams<T> p = {batch, lr, beta1, beta2, l1, l2, eps, c1, c2};               \
-        opt_map<T, NS, OP<T, BOOK> >(D, w, s1, s2, n, p, vec);                               \
+        opt_map<T, NS, OP<T, BOOK> >(D, w, s1, s2, n, p, vec, ck_tid(), ck_stride());        \
+    }                                                                                        \
+    template <typename T, bool BOOK>                                                         \
+    __global__ void NAME##_multi(const long long* table, const int* chunk_tensor,            \
+                                 long long chunk, T batch, T lr, T beta1, T beta2, T l1,     \
+                                 T l2, T eps, T c1, T c2) {                                  \
+        const OptParams<T> p = {batch, lr, beta1, beta2, l1, l2, eps, c1, c2};               \
+        opt_multi<T, NS, OP<T, BOOK> >(table, chunk_tensor, chunk, p);                      \
     }
 
 CK_UPDATE(sgd_update, 0, SGDOp)
