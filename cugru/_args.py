@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from cukernels import checks
 
 from .quant import check_quant
@@ -34,6 +36,7 @@ class ForwardArgs(NamedTuple):
     training: bool
     squeeze: bool          # the weights came without the direction axis
     quant: object = None   # a cugru.QuantSpec, or None
+    lengths: object = None  # B ints in 1..T (int32 on the GPU), or None: every step runs
 
 
 def check_path(path):
@@ -60,8 +63,50 @@ def _weight(name, a, D, rows, cols, cols_of):
     return a, False
 
 
+def check_lengths(lengths, T, B, xp):
+    """The sequences' lengths, checked (errors name `lengths`): a numpy or cupy array, list
+    or tuple of B integers in 1..T. Returns a copy (numpy int64 for numpy calls, a cupy int32
+    array for GPU calls; a cupy one is read back to the host once to be checked), or None
+    where every length is T: then the call is the same as without lengths."""
+    if lengths is None:
+        return None
+    nd = checks._cupy_ndarray()
+    on_gpu = nd is not None and isinstance(lengths, nd)
+    if on_gpu and xp is np:
+        raise TypeError("lengths is a cupy array but x is a numpy array; pass lengths as a "
+                        "numpy array, list or tuple")
+    if isinstance(lengths, (list, tuple)):
+        try:
+            host = np.asarray(lengths)
+        except ValueError:          # (ragged nesting)
+            host = None
+        if host is None or host.dtype == object or host.ndim != 1:
+            raise TypeError("lengths must be a sequence of B integers")
+    elif on_gpu:
+        host = lengths.get()
+    elif isinstance(lengths, np.ndarray):
+        host = lengths
+    else:
+        raise TypeError(f"lengths must be a numpy or cupy array, list or tuple of B integers, "
+                        f"got {type(lengths).__name__}")
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"lengths must hold integers, got dtype {host.dtype}")
+    if host.shape != (B,):
+        raise ValueError(f"lengths must have shape (B,) = ({B},), one length per sequence of "
+                         f"x, got shape {tuple(host.shape)}")
+    bad = np.flatnonzero((host < 1) | (host > T))
+    if bad.size:
+        raise ValueError(f"lengths must lie in 1..T = 1..{T} (the steps of x); lengths[{bad[0]}]"
+                         f" = {host[bad[0]]}")
+    if (host == T).all():
+        return None
+    if xp is np:
+        return host.astype(np.int64)
+    return xp.asarray(host.astype(np.int32))
+
+
 def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
-                 quant=None) -> ForwardArgs:
+                 quant=None, lengths=None) -> ForwardArgs:
     """Validate the forward arguments (errors name the argument)."""
     check_quant(quant)
     bidirectional = checks.flag("bidirectional", bidirectional)
@@ -103,8 +148,10 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
                            shape_of="(D, B, H) from bidirectional, x and w_hh")
     if max(T * B, G * D, I) > _INT_MAX:
         raise ValueError("x or the weights have a dimension above 2**31 - 1 (T*B, D*3H or I)")
+    if lengths is not None:
+        lengths = check_lengths(lengths, T, B, xp)
     return ForwardArgs(xp, x, h0, w_ih3, w_hh3, b_ih2, b_hh2, (T, B, I, H, D), training, squeeze,
-                       quant)
+                       quant, lengths)
 
 
 def backward_args(dy, dh_n, saved):

@@ -62,6 +62,11 @@ TILES = {
 #: straight-through estimator's state mask does not fit beside them (it spilled); the
 #: planner gives a quantization-aware backward pass another split
 QAT_BACKWARD_LEFT_OUT = {4: ((1, 4, 1, 512, 2),), 8: ()}
+#: tiles built without instances for variable lengths (the LEN instances, taken by calls
+#: with lengths): one block of 512 threads holds 96 registers of weights of its 128, and
+#: the length check (one more value held per step) spilled there; the planner gives such a
+#: call another split
+LENGTHS_LEFT_OUT = {4: ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)), 8: ()}
 #: the most lanes per unit of the tile kernels at block and cluster scope (GRU_TILE_MAX_LANES)
 #: and at grid scope (GRU_GRID_MAX_LANES)
 TILE_MAX_LANES = 8
@@ -121,26 +126,43 @@ def persist_backward(ctype, rows, qat=False):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_forward(ctype, tile, train, qat=False):
-    """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own."""
+def tile_forward(ctype, tile, train, qat=False, lengths=False):
+    """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own.
+    `lengths`: its instance for variable lengths (LEN)."""
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
-    flags = f"{_BOOL[bool(train)]},{_BOOL[bool(qat)]}"
+    flags = f"{_BOOL[bool(train)]},{_BOOL[bool(qat)]},{_BOOL[bool(lengths)]}"
     if cluster == 0:
         return f"gru_tile_grid_forward<{ctype},{rest},{flags}>"
     return f"gru_tile_forward<{ctype},{cluster},{rest},{flags}>"
 
 
 @functools.lru_cache(maxsize=None)
-def tile_backward(ctype, tile, qat=False):
+def tile_backward(ctype, tile, qat=False, lengths=False):
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    flags = f"{_BOOL[bool(qat)]},{_BOOL[bool(lengths)]}"
     if cluster == 0:
-        return f"gru_tile_grid_backward<{ctype},{rest},{_BOOL[bool(qat)]}>"
-    return f"gru_tile_backward<{ctype},{cluster},{rest},{_BOOL[bool(qat)]}>"
+        return f"gru_tile_grid_backward<{ctype},{rest},{flags}>"
+    return f"gru_tile_backward<{ctype},{cluster},{rest},{flags}>"
 
 
 def qat_group(ctype):
     """The module (group) of a family's quantization-aware instances of `ctype`."""
     return f"{ctype}-qat"
+
+
+def tile_group(ctype, qat=False, lengths=False):
+    """The module (group) of the tile instances of `ctype`: plain, quantization-aware, and
+    each of those for variable lengths, four modules, each compiled on its first call."""
+    return ctype + "-qat" * bool(qat) + "-len" * bool(lengths)
+
+
+def tile_has(ctype, tile, kind, qat=False, lengths=False):
+    """Whether the tile kernels of `tile` include the instance of `kind` ("train", "infer"
+    or "backward") for `qat` and `lengths` (see QAT_BACKWARD_LEFT_OUT, LENGTHS_LEFT_OUT)."""
+    it = ITEMSIZE[ctype]
+    if lengths and tile in LENGTHS_LEFT_OUT[it]:
+        return False
+    return not (qat and kind == "backward" and tile in QAT_BACKWARD_LEFT_OUT[it])
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,20 +197,23 @@ def tile_runs_on(tile, cc: int) -> bool:
 
 
 # ---------------------------------------------------------------------------- the families
+@functools.lru_cache(maxsize=None)
 def _tile_instances():
-    """{ctype: names} of the tile family, and {name: tile} (for launched_on)."""
+    """{group: names} of the tile family (tile_group), and {name: tile} (for launched_on)."""
     groups, tiles = {}, {}
     for c in CTYPES:
-        for qat, group in ((False, c), (True, qat_group(c))):
-            names = []
-            for tile in TILES[ITEMSIZE[c]]:
-                backward = () if qat and tile in QAT_BACKWARD_LEFT_OUT[ITEMSIZE[c]] else \
-                    (tile_backward(c, tile, qat),)
-                for name in (tile_forward(c, tile, False, qat), tile_forward(c, tile, True, qat),
-                             *backward):
-                    names.append(name)
-                    tiles[name] = tile
-            groups[group] = tuple(names)
+        for qat in (False, True):
+            for lengths in (False, True):
+                names = []
+                for tile in TILES[ITEMSIZE[c]]:
+                    for kind in ("infer", "train", "backward"):
+                        if not tile_has(c, tile, kind, qat, lengths):
+                            continue
+                        name = tile_backward(c, tile, qat, lengths) if kind == "backward" \
+                            else tile_forward(c, tile, kind == "train", qat, lengths)
+                        names.append(name)
+                        tiles[name] = tile
+                groups[tile_group(c, qat, lengths)] = tuple(names)
     return groups, tiles
 
 

@@ -41,7 +41,8 @@ class ForwardPass:
     without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
     hs without training (the plan keeps the states itself)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
-                 "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs")
+                 "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
+                 "lengths")
 
     def __init__(self, a, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
@@ -53,6 +54,7 @@ class ForwardPass:
         self.qargs = _quantize.kernel_args(a.quant) if self.qat else NO_QUANT_ARGS
         self.x, self.h0, self.w_ih, self.w_hh = a.x, a.h0, a.w_ih, a.w_hh
         self.b_ih, self.b_hh = a.b_ih, a.b_hh
+        self.lengths = a.lengths
         self.S = S = T + 1 if a.training else 2
         self.gi = self.hs = self.gates = None
         # (training: hs and gates are the saved history; else hs is a temporary)
@@ -73,7 +75,8 @@ class BackwardPass:
     fills, or for a plan that runs the whole pass (`whole`) four arrays of the weights'
     shapes as given (dw: dw_ih, dw_hh, db_ih, db_hh; no views to make)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
-                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw", "qat", "qargs")
+                 "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw", "qat", "qargs",
+                 "lengths")
 
     def __init__(self, dy, dh_n, saved, whole=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
@@ -84,6 +87,7 @@ class BackwardPass:
         self.dy, self.dh_n = dy, dh_n
         self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
         self.hs, self.gates = saved.hs, saved.gates
+        self.lengths = saved.lengths
         G = 3 * H
         self.dgi, self.dgh = dev.scratch("backward", dt, (T, B, D, G), (D, T, B, G))
         if whole:
@@ -109,9 +113,10 @@ def forward(a, plan):
     if not a.training:
         return p.y, p.h_n, None
     if a.quant is None:
-        return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze)
+        return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze,
+                                    lengths=a.lengths)
     return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze, a.quant,
-                                given.x, given.h0)
+                                given.x, given.h0, a.lengths)
 
 
 def run_forward(p, h0, plan):

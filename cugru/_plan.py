@@ -79,7 +79,8 @@ class StepsPlan:
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,
                                  "hs": p.hs, "y": p.y,
-                                 "gates": p.y if p.gates is None else p.gates, "steps": T,
+                                 "gates": p.y if p.gates is None else p.gates,
+                                 "lengths": p.lengths, "steps": T,
                                  "B": B, "H": H, "S": S, "s": 0, **p.qargs}, step_arg="s")
         w_hh, hs, ghp = p.w_hh.data.ptr, p.hs.data.ptr, gh.data.ptr
 
@@ -108,7 +109,8 @@ class StepsPlan:
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh,
-                                 "dgi": p.dgi, "dgh": p.dgh, "steps": T, "B": B, "H": H,
+                                 "dgi": p.dgi, "dgh": p.dgh, "lengths": p.lengths,
+                                 "steps": T, "B": B, "H": H,
                                  "s": 0, **p.qargs}, step_arg="s")
         w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
 
@@ -172,8 +174,8 @@ class SmallPlan:
                     (1,), (cat.SMALL_THREADS,),
                     {"x": p.x, "h0": p.h0, "w_ih": p.w_ih, "w_hh": p.w_hh, "b_ih": p.b_ih,
                      "b_hh": p.b_hh, "hs": p.hs, "y": p.y, "gates": p.gates, "h_n": p.h_n,
-                     "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D,
-                     "L": small_lanes(p.I, p.H, units), **p.qargs},
+                     "lengths": p.lengths, "steps": p.T, "B": p.B, "I": p.I, "H": p.H,
+                     "D": p.D, "L": small_lanes(p.I, p.H, units), **p.qargs},
                     shared_mem=2 * units * p.dtype.itemsize)
 
     def backward(self, loop, p):
@@ -185,8 +187,8 @@ class SmallPlan:
                     {"dy": p.dy, "dh_n": p.dh_n, "x": p.x, "w_ih": p.w_ih, "w_hh": p.w_hh,
                      "gates": p.gates, "hs": p.hs, "dgi": p.dgi, "dgh": p.dgh, "dx": p.dx,
                      "dh0": p.dh0, "dw_ih": dw_ih, "dw_hh": dw_hh, "db_ih": db_ih,
-                     "db_hh": db_hh, "steps": p.T, "B": p.B, "I": p.I, "H": p.H, "D": p.D,
-                     **p.qargs},
+                     "db_hh": db_hh, "lengths": p.lengths, "steps": p.T, "B": p.B,
+                     "I": p.I, "H": p.H, "D": p.D, **p.qargs},
                     shared_mem=4 * units * p.dtype.itemsize)
 
 
@@ -275,8 +277,9 @@ class PersistPlan:
         loop.launch(kern, (self.blocks, p.D), (cat.PERSIST_THREADS,),
                     {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                      "y": p.y, "gates": p.y if p.gates is None else p.gates,
-                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "S": p.S, "J": self.units, "KC": self.kc_fwd, **p.qargs},
+                     "barrier": cp.zeros(p.D, np.uint32), "lengths": p.lengths,
+                     "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "J": self.units,
+                     "KC": self.kc_fwd, **p.qargs},
                     shared_mem=self.smem_fwd, cooperative=self.blocks > 1)
 
     def backward(self, loop, p):
@@ -286,8 +289,9 @@ class PersistPlan:
                     {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh,
                      "dh_n": cp.zeros((p.D, p.B, p.H), p.dtype) if p.dh_n is None else p.dh_n,
                      "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0,
-                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "J": self.units, "KC": self.kc_bwd, **p.qargs},
+                     "barrier": cp.zeros(p.D, np.uint32), "lengths": p.lengths,
+                     "steps": p.T, "B": p.B, "H": p.H, "J": self.units,
+                     "KC": self.kc_bwd, **p.qargs},
                     shared_mem=self.smem_bwd, cooperative=self.blocks > 1)
 
 
@@ -378,29 +382,30 @@ class TilePlan:
         """the tile kernels' TILES entry"""
         return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
 
-    def kernel(self, ctype, kind, qat=False):
+    def kernel(self, ctype, kind, qat=False, lengths=False):
         """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
         forward pass without, "backward"), allowed its shared memory; `qat`: its
-        quantization-aware instance."""
+        quantization-aware instance; `lengths`: its instance for variable lengths."""
+        if not cat.tile_has(ctype, self.tile, kind, qat, lengths):
+            raise ValueError(
+                f"the tile {self.tile} has no {kind} kernel" + " quantization-aware" * qat
+                + " for variable lengths" * lengths + " (cugru._catalog.QAT_BACKWARD_LEFT_OUT,"
+                " LENGTHS_LEFT_OUT): plan the pass with fast_plan(..., qat=, lengths=)")
         if kind == "backward":
-            if qat and not self.has_qat_backward(ctype):
-                raise ValueError(f"the tile {self.tile} has no quantization-aware backward "
-                                 "kernel (cugru._catalog.QAT_BACKWARD_LEFT_OUT): plan the "
-                                 "backward pass with fast_plan(..., backward=True, qat=True)")
-            name, smem = cat.tile_backward(ctype, self.tile, qat), self.smem_bwd
+            name, smem = cat.tile_backward(ctype, self.tile, qat, lengths), self.smem_bwd
         else:
-            name, smem = cat.tile_forward(ctype, self.tile, kind == "train", qat), self.smem_fwd
+            name, smem = cat.tile_forward(ctype, self.tile, kind == "train", qat, lengths), \
+                self.smem_fwd
         return dev.shared(dev.kernel("gru_tile.cu", name), smem)
 
     def has_qat_backward(self, ctype):
-        return self.tile not in cat.QAT_BACKWARD_LEFT_OUT[cat.ITEMSIZE[ctype]]
+        return cat.tile_has(ctype, self.tile, "backward", qat=True)
 
-    def kernels(self, ctype, qat=False):
-        """(train, infer, backward): all three kernels (see ``kernel``); with `qat` the
-        quantization-aware ones that are built (no backward one for QAT_BACKWARD_LEFT_OUT)."""
-        kinds = ("train", "infer") + (("backward",) if not qat or self.has_qat_backward(ctype)
-                                      else ())
-        return tuple(self.kernel(ctype, k, qat) for k in kinds)
+    def kernels(self, ctype, qat=False, lengths=False):
+        """(train, infer, backward): all three kernels (see ``kernel``), those that are built
+        for `qat` and `lengths` (cugru._catalog.tile_has)."""
+        return tuple(self.kernel(ctype, k, qat, lengths) for k in ("train", "infer", "backward")
+                     if cat.tile_has(ctype, self.tile, k, qat, lengths))
 
     def group_args(self, D):
         """the kernels' last arguments: the grid scope's counters (D x slots zeros; else a
@@ -412,25 +417,27 @@ class TilePlan:
         """The forward kernels' arguments for the pass `p`."""
         return {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                 "y": p.y, "gates": p.y if p.gates is None else p.gates, "h_n": p.h_n,
-                "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "J": self.units, "KS": self.lanes,
-                "R": self.rows, **self.group_args(p.D), **p.qargs}
+                "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "S": p.S,
+                "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D),
+                **p.qargs}
 
     def backward_args(self, p):
         """The backward kernel's arguments for the pass `p`."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "w_hh": p.w_hh, "dh_n": p.dh_n,
-                "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0, "steps": p.T, "B": p.B, "H": p.H,
-                "J": self.units, "KS": self.lanes, "R": self.rows, **self.group_args(p.D),
-                **p.qargs}
+                "dgi": p.dgi, "dgh": p.dgh, "dh0": p.dh0, "lengths": p.lengths,
+                "steps": p.T, "B": p.B, "H": p.H, "J": self.units, "KS": self.lanes,
+                "R": self.rows, **self.group_args(p.D), **p.qargs}
 
     def forward(self, loop, p):
-        loop.launch(self.kernel(p.ctype, "train" if p.training else "infer", p.qat),
+        loop.launch(self.kernel(p.ctype, "train" if p.training else "infer", p.qat,
+                                p.lengths is not None),
                     (self.blocks, p.D), (self.threads,), self.forward_args(p),
                     shared_mem=self.smem_fwd, cooperative=not self.cluster)
 
     def backward(self, loop, p):
-        loop.launch(self.kernel(p.ctype, "backward", p.qat), (self.blocks, p.D),
-                    (self.threads,), self.backward_args(p), shared_mem=self.smem_bwd,
-                    cooperative=not self.cluster)
+        loop.launch(self.kernel(p.ctype, "backward", p.qat, p.lengths is not None),
+                    (self.blocks, p.D), (self.threads,), self.backward_args(p),
+                    shared_mem=self.smem_bwd, cooperative=not self.cluster)
 
 
 def tile_split(B, H, D, tile, rows, itemsize):
@@ -511,11 +518,12 @@ def resident(plan, D, at_once):
 
 
 @functools.lru_cache(maxsize=256)
-def groups_at_once(plan, dtype, device_id, qat=False):
+def groups_at_once(plan, dtype, device_id, qat=False, lengths=False):
     """How many groups of the plan's tile kernels the GPU runs at once (over all
     directions): for clusters the driver's occupancy query, or SMs // cluster where it has
-    none; else the blocks resident at once // blocks per group. With `qat`, the least over
-    the plain and the quantization-aware kernels (those may hold more registers)."""
+    none; else the blocks resident at once // blocks per group. With `qat` (`lengths`), the
+    least over the plain kernels and the quantization-aware ones (those for variable
+    lengths): those may hold more registers."""
     sms = dev.device().sms
     least = None
     ctype = cat.CTYPE[np.dtype(dtype).itemsize]
@@ -523,6 +531,8 @@ def groups_at_once(plan, dtype, device_id, qat=False):
     pairs = list(zip(plan.kernels(ctype), smems))
     if qat:
         pairs += list(zip(plan.kernels(ctype, True), smems))
+    if lengths:
+        pairs += list(zip(plan.kernels(ctype, qat, True), smems))
     for kern, smem in pairs:
         if plan.cluster <= 1:
             n = sms * dev.blocks_per_sm(kern, plan.threads, smem) // plan.per_group
@@ -544,25 +554,28 @@ def _persist_resident_blocks(plan, dtype, qat=False):
 
 
 # --------------------------------------------------------------------------------- planner
-def fast_plan(B, H, D, dtype, backward=False, qat=False):
+def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False):
     """The persistent split for batch B, hidden size H and D directions on the current GPU,
     for the forward pass (or with `backward` the backward pass; both passes share every
     buffer's layout, so they may take different splits): a TilePlan where the tile kernels
     hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
     the per-step path). `qat`: for a quantization-aware pass (occupancy then counts its
-    kernels too, and a backward pass leaves out the tiles of cat.QAT_BACKWARD_LEFT_OUT)."""
+    kernels too, and a backward pass leaves out the tiles of cat.QAT_BACKWARD_LEFT_OUT).
+    `lengths`: for a pass with variable lengths (likewise, cat.LENGTHS_LEFT_OUT)."""
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
-                      bool(backward), bool(qat))
+                      bool(backward), bool(qat), bool(lengths))
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False):
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
     itemsize = np.dtype(dtype).itemsize
+    ctype = cat.CTYPE[itemsize]
     d = dev.device()
-    left_out = cat.QAT_BACKWARD_LEFT_OUT[itemsize] if qat and backward else ()
+    kind = "backward" if backward else "train"
     splits = [p for p in (tile_split(B, H, D, tile, r, itemsize)
                           for tile in cat.TILES[itemsize]
-                          if cat.tile_runs_on(tile, d.cc) and tile not in left_out
+                          if cat.tile_runs_on(tile, d.cc)
+                          and cat.tile_has(ctype, tile, kind, qat, lengths)
                           for r in range(1, tile[2] + 1))
               if p is not None and max(p.smem_fwd, p.smem_bwd) <= d.smem_optin]
     # forward: block and cluster scope first, grid scope where neither holds the shape;
@@ -570,7 +583,7 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False):
     for scoped in ([splits] if backward else
                    ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
         ranked = [(resident(p, D, n), n)
-                  for p, n in ((p, groups_at_once(p, dtype, device_id, qat))
+                  for p, n in ((p, groups_at_once(p, dtype, device_id, qat, lengths))
                                for p in scoped)]
         ranked = [(p, n) for p, n in ranked if p is not None]
         if ranked:
@@ -595,22 +608,23 @@ def auto_takes(plan, B, H):
 _CHOSEN: dict = {}
 
 
-def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False):
+def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False):
     """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
     T and I (the sequence length and input size), path="auto" leaves the small path out.
-    `qat`: for a quantization-aware pass (cugru.QuantSpec)."""
+    `qat`: for a quantization-aware pass (cugru.QuantSpec); `lengths`: for one with
+    variable lengths."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
                              "use path='auto'")
         return SMALL
-    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat)
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths)
     plan = _CHOSEN.get(key)
     if plan is None:
         plan = STEPS
         if path != "steps":
-            fast = fast_plan(B, H, D, dtype, backward, qat)
+            fast = fast_plan(B, H, D, dtype, backward, qat, lengths)
             if fast is None and path == "fast":
                 raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "

@@ -13,7 +13,7 @@ from ._args import backward_args, check_path, forward_args
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None):
+                path="auto", quant=None, lengths=None):
     """Run a GRU layer over a sequence; torch.nn.GRU's maths and weight layout.
 
     x (T, B, I); h0 (D, B, H) or None (zeros); w_ih (D, 3H, I); w_hh (D, 3H, H);
@@ -29,14 +29,20 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     quant: a cugru.QuantSpec for quantization-aware training (fake-quantized weights, and
     x, the state and the gates as it says; gru_backward then runs the straight-through
     estimator), or None for the plain GRU.
+    lengths: B integers in 1..T (numpy or cupy array, list or tuple), the length of each
+    sequence of a padded batch (torch's PackedSequence semantics): row b runs its first
+    lengths[b] steps (direction 1 from step lengths[b] - 1 down); y is 0 beyond, h_n holds
+    each row's state after its last step, and gru_backward gives zero gradients there. The
+    padding must be finite (its gradients are zeros multiplied into it). None: every
+    sequence has T steps.
     """
-    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant)
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
     check_path(path)
     if a.xp is np:
         return oracle.forward(a)
     T, B, I, H, D = a.dims
     return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype, False, T, I,
-                                           a.quant is not None))
+                                           a.quant is not None, a.lengths is not None))
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):
@@ -52,4 +58,5 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
     if xp is np:
         return oracle.backward(dy, dh_n, saved)
     return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True, T, I,
-                                                          saved.quant is not None))
+                                                          saved.quant is not None,
+                                                          saved.lengths is not None))

@@ -35,11 +35,11 @@ def _step_order(a, d):
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None):
+                path="auto", quant=None, lengths=None):
     """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
     path; it is checked and has no effect here)."""
     check_path(path)
-    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant)
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
     if a.xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_forward for cupy")
     return forward(a)
@@ -52,6 +52,14 @@ def _fq(v, qparams):
         return v, 1
     vq, inside = fake_quant(v, qparams)
     return vq, inside.astype(v.dtype)
+
+
+def _runs(lengths, T, B, d):
+    """(T, B, 1) booleans in direction d's step order: whether step s runs on row b (its
+    time below the row's length); None where every step runs."""
+    if lengths is None:
+        return None
+    return _step_order(np.arange(T)[:, None] < lengths[None, :], d)[:, :, None]
 
 
 def _gate_grids(quant):
@@ -78,6 +86,7 @@ def forward(a):
     for d in range(D):
         gi = (x.reshape(T * B, I) @ w_ih[d].T + b_ih[d]).reshape(T, B, 3 * H)
         gi = _step_order(gi, d)
+        runs = _runs(a.lengths, T, B, d)
         for s in range(T):
             h = hs[d, s]
             gh = h @ w_hh[d].T + b_hh[d]
@@ -92,14 +101,17 @@ def forward(a):
                 n = np.tanh(gi[s, :, 2 * H:] + rq * hn)
                 nq = _fq(n, g_n)[0]
                 hs[d, s + 1] = _fq((1 - zq) * nq + zq * h, q.h_qparams)[0]
+            if runs is not None:      # (beyond a row's length its state carries over)
+                hs[d, s + 1] = np.where(runs[s], hs[d, s + 1], h)
             gates[d, s] = np.concatenate([r, z, n, hn], axis=1)
-        _step_order(y, d)[:, :, d * H:(d + 1) * H] = hs[d, 1:]
+        y_d = hs[d, 1:] if runs is None else np.where(runs, hs[d, 1:], 0)
+        _step_order(y, d)[:, :, d * H:(d + 1) * H] = y_d
     h_n = hs[:, T].copy()
     if not a.training:
         return y, h_n, None
     if q is None:
-        return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze)
-    return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0)
+        return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, lengths=a.lengths)
+    return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0, a.lengths)
 
 
 def gru_backward(dy, dh_n, saved, *, path="auto"):
@@ -124,6 +136,7 @@ def backward(dy, dh_n, saved):
         dy_d = _step_order(dy[:, :, d * H:(d + 1) * H], d)
         dgi_d = _step_order(dgi[:, :, d], d)
         carry = dh0[d]
+        runs = _runs(saved.lengths, T, B, d)
         for s in range(T - 1, -1, -1):
             g = saved.gates[d, s]
             r, z, n, hn = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
@@ -142,9 +155,14 @@ def backward(dy, dh_n, saved):
                 dz = dh * (h - nq) * m_z * z * (1 - z)
                 dr = dn * hn * m_r * r * (1 - r)
                 r_used, z_used = rq, zq
+            direct = dh * z_used
+            if runs is not None:      # (a step that did not run: no gate gradient, and the
+                run = runs[s]         # carried gradient passes; dy there is not used)
+                dr, dz, dn, r_used = (np.where(run, v, 0) for v in (dr, dz, dn, r_used))
+                direct = np.where(run, direct, carry)
             dgi_d[s] = np.concatenate([dr, dz, dn], axis=1)
             dgh[d, s] = np.concatenate([dr, dz, dn * r_used], axis=1)
-            carry = dh * z_used + dgh[d, s] @ saved.w_hh[d]
+            carry = direct + dgh[d, s] @ saved.w_hh[d]
         dh0[d] = carry
     rows_i = dgi.reshape(T * B, D, 3 * H)
     x2 = saved.x.reshape(T * B, I)

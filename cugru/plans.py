@@ -18,7 +18,7 @@ import numpy as np
 from . import _device, _passes
 from ._args import backward_args, forward_args
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
-                       TILES, tile_runs_on)
+                       TILES, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
                     SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, SmallPlan,
                     StepsPlan, TilePlan, auto_takes, choose, fast_plan, groups_at_once,
@@ -27,6 +27,7 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: 
 
 
 __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
+           "tile_has",
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "SMALL", "SMALL_AUTO_MAX_CHAIN",
            "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan", "small_chain", "small_takes",
            "StepsPlan",
@@ -36,11 +37,11 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
 
 
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,
-            quant=None):
+            quant=None, lengths=None):
     """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None).
     With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
     return _passes.forward(forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional,
-                                        training, quant), plan)
+                                        training, quant, lengths), plan)
 
 
 def backward_recurrence(dy, dh_n, saved, plan):

@@ -36,6 +36,7 @@ class GruSaved:
     quant: object = None   # the QuantSpec of a quantization-aware pass (else None); then
     x_real: object = None  # x and h0 as given (x and the weights above are quantized):
     h0_real: object = None  # the straight-through estimator's masks come from them
+    lengths: object = None  # the sequences' lengths (B,), or None: every step ran
 
     @property
     def dims(self):

@@ -12,18 +12,31 @@ SHAPES = sorted({(SIZES[k], SIZES[(k + 1) % 6], SIZES[(k + 2) % 6], SIZES[(k + 3
 NAMES = ("dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
 
 
-def problem(rng, T, B, I, H, bidirectional, with_h0=True, dtype=np.float64, scale=None):
-    """Random inputs, weights (torch's init range 1/sqrt(H)) and output gradients."""
+def random_lengths(rng, T, B):
+    """B lengths in 1..T, unsorted, with 1 and T among them where B > 1."""
+    lengths = rng.integers(1, T + 1, B)
+    if B > 1:
+        lengths[rng.permutation(B)[:2]] = (1, T)
+    return lengths
+
+
+def problem(rng, T, B, I, H, bidirectional, with_h0=True, dtype=np.float64, scale=None,
+            lengths=False):
+    """Random inputs, weights (torch's init range 1/sqrt(H)) and output gradients; with
+    `lengths`, random sequence lengths (random_lengths) under the key "lengths"."""
     D = 2 if bidirectional else 1
     k = 1 / np.sqrt(H) if scale is None else scale
     u = lambda *s: rng.uniform(-k, k, s).astype(dtype)  # noqa: E731
-    return dict(
+    p = dict(
         x=rng.standard_normal((T, B, I)).astype(dtype),
         h0=rng.standard_normal((D, B, H)).astype(dtype) if with_h0 else None,
         w_ih=u(D, 3 * H, I), w_hh=u(D, 3 * H, H), b_ih=u(D, 3 * H), b_hh=u(D, 3 * H),
         dy=rng.standard_normal((T, B, D * H)).astype(dtype),
         dh_n=rng.standard_normal((D, B, H)).astype(dtype),
         bidirectional=bidirectional)
+    if lengths:
+        p["lengths"] = random_lengths(rng, T, B)
+    return p
 
 
 def weights(p):
@@ -48,7 +61,13 @@ def torch_gru(torch, p, device="cpu", dtype=None):
                 getattr(gru, name + s).copy_(t(arr[d]))
     x = t(p["x"]).requires_grad_()
     h0 = t(p["h0"] if p["h0"] is not None else np.zeros((D, B, H))).requires_grad_()
-    y, hn = gru(x, h0)
+    if p.get("lengths") is None:
+        y, hn = gru(x, h0)
+    else:       # a PackedSequence of the lengths, y padded back to T with zeros
+        rnn = torch.nn.utils.rnn
+        packed = rnn.pack_padded_sequence(x, torch.tensor(p["lengths"]), enforce_sorted=False)
+        out, hn = gru(packed, h0)
+        y = rnn.pad_packed_sequence(out, total_length=T)[0]
     torch.autograd.backward([y, hn], [t(p["dy"]), t(p["dh_n"])])
     grads = [x.grad, h0.grad] + [
         torch.stack([getattr(gru, name + s).grad for s in sfx])

@@ -104,3 +104,29 @@ def test_multi_table_judges_both_goals():
     missed = multi.markdown(res(0.3, 0.85))
     assert "- Adam over 200 x 64K in <= 0.25 ms a step: NOT met (0.300 ms)" in missed
     assert "- Adam at 2^26 elements >= 90% of copy: NOT met (lowest 85.0%)" in missed
+
+
+def test_torch_gru_table_judges_every_goal():
+    from bench import torch_gru
+
+    def res(ratio, overhead, half):
+        models = [{"case": label, "shape": [L, T, B, I, H, bi], "lengths": span,
+                   "ours ms": 1.0, "cudnn ms": ratio}
+                  for label, L, T, B, I, H, bi, span in torch_gru.MODELS]
+        adapter = {"functional infer": 20.0, "module infer": 20.0 + overhead,
+                   "functional train": 60.0, "module train": 60.0 + 2 * overhead,
+                   "infer overhead": overhead, "train overhead": 2 * overhead}
+        lengths = [{"case": label, "shape": [T, B, I, H, bi], "mean length": T / 2,
+                    "none ms": 1.0, "all T ms": 1.0, "1..T ms": half}
+                   for label, T, B, I, H, bi in torch_gru.LENGTH_SHAPES]
+        return {"models": models, "adapter": adapter, "lengths": lengths}
+    met = torch_gru.markdown(res(2.5, 10.0, 0.6))
+    assert "- 2 layers bi, padded: >= 2.0x nn.GRU: met (2.50x)" in met
+    assert "- S7 (1 layer): >= 1.5x nn.GRU: met (2.50x)" in met
+    assert not any(ln.startswith("- 3 layers") for ln in met)      # (no goal: reported only)
+    assert any(ln.startswith("- the adapter's cost <= 30 µs a call: met") for ln in met)
+    assert any("at 0.60x the full batch (goal <= 0.65: met)" in ln for ln in met)
+    missed = torch_gru.markdown(res(1.2, 40.0, 1.0))
+    assert "- S1 (1 layer): >= 1.5x nn.GRU: NOT met (1.20x)" in missed
+    assert any(ln.startswith("- the adapter's cost <= 30 µs a call: NOT met") for ln in missed)
+    assert any("(goal <= 0.65: NOT met)" in ln for ln in missed)

@@ -39,14 +39,14 @@ def test_tile_kernels_launched_per_arch():
     """Spills count only where an instance is launched: the GRU's cluster and 512-thread tile
     kernels from sm_90 on, every other kernel everywhere."""
     tile = runtime.source("gru_tile.cu")
-    name = "gru_tile_backward<float,{},8,1,{},1,false>"
+    name = "gru_tile_backward<float,{},8,1,{},1,false,false>"
     assert tile.launched_on(name.format(1, 256), 80)
     assert not tile.launched_on(name.format(1, 512), 80)
     assert not tile.launched_on(name.format(2, 256), 80)
     assert tile.launched_on(name.format(2, 256), 90)
     assert tile.launched_on(name.format(1, 512), 90)
-    assert tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true>", 90)
-    assert not tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true>", 80)
+    assert tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,true>", 90)
+    assert not tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,false>", 80)
     assert runtime.source("gru_steps.cu").launched_on("gru_forward_step<float,true,false>",
                                                       80)
     rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
@@ -109,5 +109,11 @@ def test_a_call_compiles_only_the_family_it_runs():
     left_out = {_catalog.tile_backward("float", t, True) for t in _catalog.QAT_BACKWARD_LEFT_OUT[4]}
     assert left_out and not left_out & set(tile["float-qat"])
     assert len(tile["float-qat"]) == 93 - len(left_out)
+    # the instances for variable lengths: modules of their own, without the 512-thread tiles
+    no_len = len(_catalog.LENGTHS_LEFT_OUT[4])
+    assert len(tile["float-len"]) == 93 - 3 * no_len
+    assert len(tile["double-len"]) == len(tile["double-qat-len"]) == len(tile["double"])
+    assert all(n.endswith("true>") for g in ("float-len", "float-qat-len") for n in tile[g])
+    assert all(n.endswith("false>") for g in ("float", "float-qat") for n in tile[g])
     every = [n for s in SOURCES for n in runtime.source(s).names()]
     assert len(every) == len(set(every))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cugru
-from cugru import _device, _plan, oracle, plans
+from cugru import _catalog, _device, _plan, oracle, plans
 from gru_cases import BENCH_SHAPES, NAMES, SHAPES, problem, torch_gru, weights
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +28,7 @@ def to_gpu(cp, p):
 def run(p, fn=cugru, dh_n=True, path=None):
     kw = {} if path is None else {"path": path}
     y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"],
-                                  **kw)
+                                  lengths=p.get("lengths"), **kw)
     return (y, hn) + tuple(fn.gru_backward(p["dy"], p["dh_n"] if dh_n else None, saved, **kw))
 
 
@@ -74,6 +74,50 @@ def test_kernels_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, with_h
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, dtype)), path=path)]
     assert all(a.dtype == dtype for a in got)
     assert_within(got, ref, ref32, dtype, OUT_NAMES)
+
+
+LENGTH_SHAPES = [(3, 17, 33, 2), (17, 2, 3, 33)] if QUICK else \
+    [(3, 17, 33, 2), (17, 2, 3, 33), (33, 130, 1, 2), (17, 33, 130, 3), (130, 3, 17, 33)]
+
+
+@path_param
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", LENGTH_SHAPES)
+def test_kernels_with_lengths_match_oracle(cp, poison, rng, T, B, I, H, bidirectional, dtype,
+                                           path):
+    """Variable lengths (unsorted, 1 and T among them) on every path: y zero beyond each
+    length, h_n at each row's last step, gradients zero beyond; inference gives the same
+    bits as the training pass."""
+    p = problem(rng, T, B, I, H, bidirectional, lengths=True)
+    if path == "small" and not plans.SMALL.fits(B, H, 2 if bidirectional else 1):
+        return
+    ref = run(p, oracle)
+    ref32 = run(cast(p, np.float32), oracle) if dtype == np.float32 else ref
+    g = to_gpu(cp, cast(p, dtype))
+    got = [cp.asnumpy(a) for a in run(g, path=path)]
+    assert_within(got, ref, ref32, dtype, OUT_NAMES)
+    for b, n in enumerate(p["lengths"]):
+        assert not got[0][n:, b].any() and not got[2][n:, b].any()
+    y, hn, _ = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=bidirectional,
+                                 lengths=p["lengths"], training=False, path=path)
+    assert np.array_equal(y.get(), got[0]) and np.array_equal(hn.get(), got[1])
+
+
+def test_lengths_from_numpy_cupy_or_a_list_give_the_same_bits(cp, rng):
+    p = problem(rng, 9, 6, 4, 16, True, lengths=True)
+    g = to_gpu(cp, p)
+    outs = []
+    for lengths in (p["lengths"], cp.asarray(p["lengths"]), list(p["lengths"]),
+                    cp.asarray(p["lengths"], cp.int32)):
+        y, hn, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=True,
+                                         lengths=lengths)
+        outs.append([a.get() for a in (y, hn) + cugru.gru_backward(g["dy"], None, saved)])
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+    with pytest.raises(ValueError, match=r"lengths\[0\] = 10"):
+        cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=True,
+                          lengths=cp.full(6, 10))
 
 
 @path_param
@@ -332,18 +376,23 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
     most = max(r for r in range(1, tile[2] + 1) if split(5, H, r))
     for rows in sorted({1, most}):
         plan = split(5, H, rows)
-        p = problem(rng, 4, 5, 3, H, True)
+        # (variable lengths with the most rows a group takes, where the tile has them)
+        lengths = rows == most and plans.tile_has(_catalog.CTYPE[it], tile, "train",
+                                                  lengths=True)
+        p = problem(rng, 4, 5, 3, H, True, lengths=lengths)
         _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
 
 
+@pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
 @pytest.mark.parametrize("blocks", [1, 3], ids=["block", "grid"])
-def test_persist_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks):
+def test_persist_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks,
+                                                        lengths):
     """The persist kernels (PersistPlan), also in the one-block form fast_plan takes on GPUs
     without clusters."""
     smem = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
     plan = plans.persist_split(6, 40, 2, blocks, 4, smem)
     assert plan is not None and plan.scope == ("block" if blocks == 1 else "grid")
-    p = problem(rng, 5, 6, 3, 40, True)
+    p = problem(rng, 5, 6, 3, 40, True, lengths=lengths)
     _check(_run_plan(cp, monkeypatch, p, np.float32, plan), p, np.float32)
 
 

@@ -9,7 +9,8 @@ from gru_cases import NAMES, SHAPES, problem, torch_gru, weights
 
 
 def run_oracle(p, fn=oracle):
-    y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"])
+    y, hn, saved = fn.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"],
+                                  lengths=p.get("lengths"))
     return y, hn, fn.gru_backward(p["dy"], p["dh_n"], saved)
 
 

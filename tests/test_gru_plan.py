@@ -88,8 +88,12 @@ class HostKernel:
         # (the transcriptions are of the plain instances: no quantizer runs; the
         # quantization-aware instances are checked against the oracle on the GPU)
         quant = {k: args.pop(k) for k in list(args) if k.startswith("q_")}
-        assert quant.get("q_flags", 0) == 0 and (not quant or self.name.endswith("false>")), \
-            self.name
+        flags = self.name.rstrip(">").split(",")
+        if self.name.startswith("gru_tile"):
+            # the tile instances' last flag is LEN: only those read lengths
+            assert (flags[-1] == "true") == (args["lengths"] is not None), self.name
+            flags = flags[:-1]
+        assert quant.get("q_flags", 0) == 0 and (not quant or flags[-1] == "false"), self.name
         self.run(grid, block, smem, cooperative, **args)
 
 
@@ -99,8 +103,8 @@ def _sigmoid(v):
 
 def forward_step(train):
     """gru_forward_step<T, TRAIN>, one direction d per loop turn, all (b, j) at once."""
-    def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, steps, B, H, S,
-            s):
+    def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, lengths, steps,
+            B, H, S, s):
         D = grid[1]
         gi, gh, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, gh, b_ih, b_hh, hs,
                                                                      y, gates))
@@ -117,8 +121,9 @@ def forward_step(train):
             hn = gh[gh_row + 2 * H + j] + b_hh[bias + 2 * H + j]
             n = np.tanh((gi[gi_row + 2 * H + j] + b_ih[bias + 2 * H + j]) + r * hn)
             h_new = (1 - z) * n + z * h
-            hs[(d * S + (s + 1) % S) * BH + i] = h_new
-            y[(t * B + b) * D * H + d * H + j] = h_new
+            on = t < _length(lengths, b, steps)
+            hs[(d * S + (s + 1) % S) * BH + i] = np.where(on, h_new, h)
+            y[(t * B + b) * D * H + d * H + j] = np.where(on, h_new, 0)
             if train:
                 g = ((d * steps + s) * B + b) * 4 * H
                 gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j] = \
@@ -126,10 +131,16 @@ def forward_step(train):
     return run
 
 
-def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D):
-    """gru_common.cuh's gru_read_history, gru_cell_backward and gru_write_backward for the
-    units (d, b, j) at step s (time t), from their carried gradient: returns dh * z, the
-    direct part of the next carry (flat arrays)."""
+def _length(lengths, b, steps):
+    """gru_length: row b's length (lengths null: every step)."""
+    return steps if lengths is None else lengths.reshape(-1)[b]
+
+
+def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D, lengths):
+    """gru_common.cuh's gru_read_history, gru_cell_backward (gru_skip_backward where the
+    step does not run) and gru_write_backward for the units (d, b, j) at step s (time t),
+    from their carried gradient: returns dh * z, the direct part of the next carry (the
+    carry itself where the step does not run; flat arrays)."""
     H3 = 3 * H
     g = ((d * steps + s) * B + b) * 4 * H
     r, z, n, hn = gates[g + j], gates[g + H + j], gates[g + 2 * H + j], gates[g + 3 * H + j]
@@ -138,13 +149,16 @@ def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D):
     dn = dh * (1 - z) * (1 - n * n)
     dz = dh * (h - n) * z * (1 - z)
     dr = dn * hn * r * (1 - r)
+    on = t < _length(lengths, b, steps)
+    dr, dz, dn, r = (np.where(on, v, 0) for v in (dr, dz, dn, r))
     row_i, row_h = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
     dgi[row_i + j], dgi[row_i + H + j], dgi[row_i + 2 * H + j] = dr, dz, dn
     dgh[row_h + j], dgh[row_h + H + j], dgh[row_h + 2 * H + j] = dr, dz, dn * r
-    return dh * z
+    return np.where(on, dh * z, carry)
 
 
-def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, steps, B, H, s):
+def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, lengths, steps,
+                  B, H, s):
     """gru_backward_step<T>."""
     D = grid[1]
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
@@ -154,13 +168,13 @@ def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, s
         b, j = i // H, i % H
         t = s if d == 0 else steps - 1 - s
         dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i], d, s, t, b, j,
-                                   steps, B, H, D)
+                                   steps, B, H, D, lengths)
 
 
 def small_forward(train):
     """gru_small_forward<T, TRAIN>: one block, all units (d, b, j) of a step at once."""
     def run(grid, block, smem, cooperative, x, h0, w_ih, w_hh, b_ih, b_hh, hs, y, gates, h_n,
-            steps, B, I, H, D, L):
+            lengths, steps, B, I, H, D, L):
         assert grid == (1,) and smem == 2 * D * B * H * 8
         # L lanes per unit: a power of two up to 32 that divides the block (whole warps)
         assert L in (1, 2, 4, 8, 16, 32) and block[0] % 32 == 0
@@ -183,8 +197,9 @@ def small_forward(train):
             gh = [(wrow(w_hh, H, g) * hv).sum(1) + b_hh[d * 3 * H + g * H + j] for g in range(3)]
             r, z = _sigmoid(gi[0] + gh[0]), _sigmoid(gi[1] + gh[1])
             n = np.tanh(gi[2] + r * gh[2])
-            h = (1 - z) * n + z * h
-            y[(t * B + b) * D * H + d * H + j] = h
+            on = t < _length(lengths, b, steps)
+            h = np.where(on, (1 - z) * n + z * h, h)
+            y[(t * B + b) * D * H + d * H + j] = np.where(on, h, 0)
             if train:
                 hs[(d * S + s + 1) * B * H + b * H + j] = h
                 g = ((d * steps + s) * B + b) * 4 * H
@@ -195,7 +210,7 @@ def small_forward(train):
 
 
 def small_backward(grid, block, smem, cooperative, dy, dh_n, x, w_ih, w_hh, gates, hs, dgi,
-                   dgh, dx, dh0, dw_ih, dw_hh, db_ih, db_hh, steps, B, I, H, D):
+                   dgh, dx, dh0, dw_ih, dw_hh, db_ih, db_hh, lengths, steps, B, I, H, D):
     """gru_small_backward<T>: the reverse recurrence, then the tail's sums element by element."""
     assert grid == (1,) and smem == 4 * D * B * H * 8
     units, H3 = D * B * H, 3 * H
@@ -206,7 +221,8 @@ def small_backward(grid, block, smem, cooperative, dy, dh_n, x, w_ih, w_hh, gate
     carry = dh_n.reshape(-1).copy() if dh_n is not None else np.zeros(units)
     for s in range(steps - 1, -1, -1):
         t = np.where(d == 0, s, steps - 1 - s)
-        dhz = gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D)
+        dhz = gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D,
+                        lengths)
         k = np.arange(H3)
         step = dgh[(((d * steps + s) * B + b) * H3)[:, None] + k]
         carry = dhz + (step * w_hh[(d * H3)[:, None] * H + k * H + j[:, None]]).sum(1)
@@ -320,8 +336,8 @@ def tile_forward(train, tile):
     step."""
     C, Q, MR, NT, U = tile
 
-    def run(grid, block, smem, cooperative, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H,
-            S, J, KS, R, counters, G, groups):
+    def run(grid, block, smem, cooperative, gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, lengths,
+            steps, B, H, S, J, KS, R, counters, G, groups):
         gi, w_hh, b_ih, b_hh, hs, y, gates, h_n = (
             a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs, y, gates, h_n))
         D, V, H3, BH = grid[1], 2, 3 * H, B * H
@@ -351,10 +367,11 @@ def tile_forward(train, tile):
                         r = _sigmoid(x[0] + hb[0])
                         z = _sigmoid(x[1] + hb[1])
                         n = np.tanh(x[2] + r * hb[2])
-                        h_new = (1 - z) * n + z * cur[i, j]
+                        on = t < _length(lengths, b, steps)
+                        h_new = (1 - z) * n + z * cur[i, j] if on else cur[i, j]
                         if train or C == 0:   # (grid scope: the vector other blocks read)
                             hs[(d * S + (s + 1) % S) * BH + b * H + j] = h_new
-                        y[(t * B + b) * D * H + d * H + j] = h_new
+                        y[(t * B + b) * D * H + d * H + j] = h_new if on else 0
                         if s == steps - 1:
                             h_n[d * BH + b * H + j] = h_new
                         if train:
@@ -370,8 +387,8 @@ def tile_backward(tile):
     """gru_tile_backward<double, C, Q, MR, NT, U> for every cluster, its blocks in lock step."""
     C, Q, MR, NT, U = tile
 
-    def run(grid, block, smem, cooperative, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B,
-            H, J, KS, R, counters, G, groups):
+    def run(grid, block, smem, cooperative, dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, lengths,
+            steps, B, H, J, KS, R, counters, G, groups):
         assert isinstance(dh_n, np.ndarray) or dh_n is None     # None: a null pointer, zeros
         dh_n = dh_n.reshape(-1) if isinstance(dh_n, np.ndarray) else None
         dy, gates, hs, w_hh, dgi, dgh, dh0 = (
@@ -410,6 +427,9 @@ def tile_backward(tile):
                         dz = dhv * (h - n) * z * (1 - z)
                         dr = dn * hn * r * (1 - r)
                         dhz[c][i] = dhv * z
+                        if t >= _length(lengths, b, steps):     # gru_skip_backward
+                            dr = dz = dn = r = np.zeros(len(u))
+                            dhz[c][i] = carry[c][i]
                         ri, rh = (t * B + b) * D * H3 + d * H3, ((d * steps + s) * B + b) * H3
                         dgi[ri + j], dgi[ri + H + j], dgi[ri + 2 * H + j] = dr, dz, dn
                         dgh[rh + j], dgh[rh + H + j], dgh[rh + 2 * H + j] = dr, dz, dn * r
@@ -450,10 +470,12 @@ def host_device(monkeypatch):
             ("gru_small.cu", _catalog.small_forward("double", False)): small_forward(False),
             ("gru_small.cu", _catalog.small_backward("double")): small_backward}
     for tile in _catalog.TILES[8]:
-        runs["gru_tile.cu", _catalog.tile_backward("double", tile)] = tile_backward(tile)
-        for train in (True, False):
-            runs["gru_tile.cu", _catalog.tile_forward("double", tile, train)] = \
-                tile_forward(train, tile)
+        for lengths in (False, True):     # (the instances for variable lengths: LEN)
+            runs["gru_tile.cu", _catalog.tile_backward("double", tile, False, lengths)] = \
+                tile_backward(tile)
+            for train in (True, False):
+                runs["gru_tile.cu", _catalog.tile_forward("double", tile, train, False,
+                                                          lengths)] = tile_forward(train, tile)
     kernels = {key: HostKernel(*key, run) for key, run in runs.items()}
     monkeypatch.setattr(_device, "cupy", lambda: fake)
     monkeypatch.setattr(_device, "kernel", lambda family, name: kernels[family, name])
@@ -477,7 +499,8 @@ def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
     bi = dims[4] == 2
     for training in (False, True):   # the history of the last (training) run is used below
         y, hn, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
-                                         plan, bidirectional=bi, training=training)
+                                         plan, bidirectional=bi, training=training,
+                                         lengths=p.get("lengths"))
         np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(hn, ref_hn, rtol=1e-12, atol=1e-13)
     got = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plan)
@@ -490,14 +513,16 @@ def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
                                            (5, 1, 3, 2, True, False), (130, 17, 2, 3, True, True),
                                            (33, 130, 1, 2, False, False)])
 @pytest.mark.parametrize("batched", [True, False], ids=["batched-chunks", "chunks-add-up"])
+@pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
 def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
-                                           batched):
+                                           batched, lengths):
     if not batched:
         monkeypatch.setattr(_passes, "WGRAD_PARTIAL_BYTES", 0)
         monkeypatch.setattr(_passes, "WGRAD_PARTIAL_DGI", 0)
-    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    p = problem(rng, T, B, I, H, bi, with_h0=h0, lengths=lengths)
     dev = host_device
-    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi,
+                                              lengths=p.get("lengths"))
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, 2 if bi else 1)
     _gpu_path_matches(dev, p, dims, plans.STEPS, ref_y, ref_hn, saved, ref)
@@ -506,28 +531,31 @@ def test_gpu_path_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, 
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(1, 1, 1, 1, False, True), (3, 2, 4, 5, False, True),
                                            (4, 3, 2, 3, True, True), (5, 1, 3, 2, True, False),
                                            (2, 4, 3, 128, True, True)])
-def test_small_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0):
+@pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
+def test_small_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0, lengths):
     """The small path's kernels (the whole pass in one block), transcribed in numpy: their
     arguments, the history they leave, the tail's sums and the gradients in the weights'
     shapes (with and without the direction axis) give the oracle's results; a backward pass
     of another plan runs on the history the small forward pass leaves, and the other way."""
     D = 2 if bi else 1
-    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    p = problem(rng, T, B, I, H, bi, with_h0=h0, lengths=lengths)
     dev = host_device
-    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi,
+                                              lengths=p.get("lengths"))
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     saved_dev = _gpu_path_matches(dev, p, (T, B, I, H, D), plans.SMALL, ref_y, ref_hn, saved,
                                   ref)
     for g, r in zip(plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS), ref):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
     _, _, steps_saved = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
-                                      plans.STEPS, bidirectional=bi)
+                                      plans.STEPS, bidirectional=bi, lengths=p.get("lengths"))
     no_dh_n = oracle.gru_backward(p["dy"], None, saved)
     for g, r in zip(plans.backward(dev(p["dy"]), None, steps_saved, plans.SMALL), no_dh_n):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
     if not bi:       # weights without the direction axis: gradients come back that way
         flat = [dev(w[0]) for w in weights(p)]
-        _, _, s1 = plans.forward(dev(p["x"]), dev(p["h0"]), *flat, plans.SMALL)
+        _, _, s1 = plans.forward(dev(p["x"]), dev(p["h0"]), *flat, plans.SMALL,
+                                 lengths=p.get("lengths"))
         got = plans.backward(dev(p["dy"]), None, s1, plans.SMALL)
         assert [g.shape for g in got[2:]] == [w.shape for w in flat]
         for g, r in zip(got[2:], no_dh_n[2:]):
@@ -563,8 +591,9 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
                                            (2, 3, 2, 1, True, True), (3, 9, 2, 34, True, True),
                                            (2, 5, 3, 130, True, False)])
 @pytest.mark.parametrize("tile", _catalog.TILES[8], ids=str)
+@pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
 def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
-                                               h0, tile):
+                                               h0, tile, lengths):
     """The tile kernels' layout (weights per thread, lanes per unit, the shared buffers, rows
     per group, the pointwise threads; at grid scope the blocks of a group and the slots
     taking groups in turn), transcribed in numpy, for every built tile kernel and row count
@@ -572,9 +601,10 @@ def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T,
     D = 2 if bi else 1
     if plans.tile_split(B, H, D, tile, 1, 8) is None:
         pytest.skip("the tile kernel does not hold this H")
-    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    p = problem(rng, T, B, I, H, bi, with_h0=h0, lengths=lengths)
     dev = host_device
-    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi,
+                                              lengths=p.get("lengths"))
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dims = (T, B, I, H, D)
     for rows in range(1, tile[2] + 1):

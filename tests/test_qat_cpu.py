@@ -114,8 +114,18 @@ def test_a_tile_without_a_qat_backward_kernel_says_so():
     tile = _catalog.QAT_BACKWARD_LEFT_OUT[4][0]
     plan = plans.tile_split(1, 128, 1, tile, 1, 4)
     assert plan is not None and not plan.has_qat_backward("float")
-    with pytest.raises(ValueError, match="no quantization-aware backward kernel"):
+    with pytest.raises(ValueError, match="has no backward kernel quantization-aware"):
         plan.kernel("float", "backward", qat=True)
+
+
+def test_a_tile_without_kernels_for_lengths_says_so():
+    from cugru import _catalog, plans
+    tile = _catalog.LENGTHS_LEFT_OUT[4][0]
+    plan = plans.tile_split(1, 128, 1, tile, 1, 4)
+    assert plan is not None and plan.kernels("float", lengths=True) == ()
+    for kind in ("train", "infer", "backward"):
+        with pytest.raises(ValueError, match=f"has no {kind} kernel for variable lengths"):
+            plan.kernel("float", kind, lengths=True)
 
 
 def test_weight_rows_are_quantized_on_their_own_scale(rng):

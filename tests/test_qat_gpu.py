@@ -117,6 +117,32 @@ def check_qat_pass(cp, rng, T, B, I, H, bidirectional, with_h0, spec, dtype, pat
 
 
 @pytest.mark.parametrize("path", ["steps", "fast", "small"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", QAT_SHAPES.values(), ids=QAT_SHAPES.keys())
+def test_qat_with_lengths_matches_oracle_in_float64(cp, poison, rng, T, B, I, H,
+                                                    bidirectional, path):
+    """Quantization-aware passes with variable lengths, end to end against the oracle in
+    float64 (the QAT kernels' code for lengths is the plain kernels', checked in float32 in
+    test_gru_gpu.py)."""
+    if path == "small" and not plans.SMALL.fits(B, H, 2 if bidirectional else 1):
+        return
+    spec = SPECS["w8_x_h_g"]
+    p = problem(rng, T, B, I, H, bidirectional, scale=2.0, lengths=True)
+    p["x"] *= 1.5
+    g = to_gpu(cp, p)
+    y, hn, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=bidirectional,
+                                     quant=spec, path=path, lengths=p["lengths"])
+    ey, ehn, esaved = oracle.gru_forward(p["x"], p["h0"], *weights(p),
+                                         bidirectional=bidirectional, quant=spec,
+                                         lengths=p["lengths"])
+    np.testing.assert_allclose(y.get(), ey, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(hn.get(), ehn, rtol=0, atol=1e-11)
+    got = [a.get() for a in cugru.gru_backward(g["dy"], g["dh_n"], saved, path=path)]
+    want = oracle.gru_backward(p["dy"], p["dh_n"], esaved)
+    assert_within(got, want, want, np.float64, NAMES)
+
+
+@pytest.mark.parametrize("path", ["steps", "fast", "small"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("spec_id", SPEC_IDS)
 @pytest.mark.parametrize("with_h0", [True, False], ids=["h0", "no_h0"])

@@ -317,6 +317,18 @@ def main(argv=None) -> int:
             lines += qat_bench.markdown(json.load(open(qat)))
         else:
             lines.append(f"QAT benchmark failed (exit {rc}); see gru-log.txt")
+        # the torch drop-in against nn.GRU, its own cost, and variable lengths
+        tg = os.path.join(out, "torch_gru.json")
+        rc, secs = sh([py, "-m", "bench.torch_gru", "--json", tg],
+                      os.path.join(out, "gru-log.txt"), timeout=400)
+        lines += ["", "### cugru.torch.GRU and variable lengths (bench/torch_gru.py)", ""]
+        if rc == 0 and os.path.exists(tg):
+            sys.path.insert(0, ROOT)
+            from bench import torch_gru as torch_bench
+            lines += torch_bench.markdown(json.load(open(tg)))
+            os.remove(tg)
+        else:
+            lines.append(f"torch drop-in benchmark failed (exit {rc}); see gru-log.txt")
         write(out, "gru", lines)
 
     if "main" not in skip:

@@ -47,7 +47,7 @@ def variants(src):
     out["... and fast math"] = fast
     nopw = _patch(fast, """                h_new = gru_cell<QAT>(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
                                       gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
-                                      tl.row(s & 1, tl.pi, 1)[j], r, z, n, q);""",
+                                      tl.row(s & 1, tl.pi, 1)[j], r, z, n, q, run);""",
                   """                h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
                 r = z = n = h_new;""")
     out["... and no cell maths"] = nopw

@@ -37,6 +37,19 @@ __device__ __forceinline__ int gru_time(int d, int steps, int s) {
     return d == 0 ? s : steps - 1 - s;
 }
 
+// ---- variable lengths (cugru.gru_forward(..., lengths=)): every kernel takes `lengths`, B
+// ints in 1..steps, or null for all equal to steps. Batch row b runs the steps whose time t
+// is below its length: direction 0 its first lengths[b] steps, direction 1 from time
+// lengths[b] - 1 down. The cells take whether their step runs (`run`): one that does not
+// returns the state unchanged (the history's slot gets it too, y gets 0) and, backward,
+// zero gate gradients and the carried gradient as it came (the caller leaves dy out of
+// it). Folded into the cells, this holds no value beyond what the cell holds anyway: the
+// 512-thread tile kernels run at their register limit. A step that runs computes exactly
+// what it computes without lengths.
+__device__ __forceinline__ int gru_length(const int* __restrict__ lengths, int b, int steps) {
+    return lengths ? lengths[b] : steps;
+}
+
 // ---- quantization-aware cells (cugru.QuantSpec; the instances with QAT = true)
 // fq(v) = (clamp(rint(v * inv) + zp, qmin, qmax) - zp) * scale, inv = 1/scale worked out in
 // float32 on the host, is computed as clamp(rint(v * inv), lo, hi) * scale with the bounds
@@ -88,12 +101,12 @@ template <typename T> __device__ __forceinline__ T gru_state_rn(T z, T n, T h) {
 // their quantizers).
 template <bool QAT, typename T>
 __device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T h, T& r, T& z,
-                                      T& n, const GruQuant<T>& q) {
+                                      T& n, const GruQuant<T>& q, bool run = true) {
     r = gru_sigmoid(x_r + h_r);
     z = gru_sigmoid(x_z + h_z);
     if constexpr (!QAT) {
         n = ck_tanh(x_n + r * hn);
-        return (T(1) - z) * n + z * h;
+        return run ? (T(1) - z) * n + z * h : h;
     } else {
         bool in;
         const bool g = q.flags & 2;
@@ -106,6 +119,7 @@ __device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T
             nq = gru_fq_n(n, in);
         }
         const T pre = gru_state_rn(zq, nq, h);
+        if (!run) return h;
         if (q.flags & 1) return gru_fq(pre, q.scale, q.inv, q.lo, q.hi, in);
         return pre;
     }
@@ -117,7 +131,12 @@ __device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T
 // estimator: each quantizer passes the gradient where it did not clip, else 0.
 template <bool QAT, typename T>
 __device__ __forceinline__ T gru_cell_backward(T dh, T r, T z, T n, T hn, T h, T& dr, T& dz,
-                                               T& dn, T& r_used, const GruQuant<T>& q) {
+                                               T& dn, T& r_used, const GruQuant<T>& q,
+                                               bool run = true) {
+    if (!run) {
+        dr = dz = dn = r_used = T(0);
+        return dh;
+    }
     if constexpr (!QAT) {
         dn = dh * (T(1) - z) * (T(1) - n * n);
         dz = dh * (h - n) * z * (T(1) - z);
@@ -147,13 +166,14 @@ __device__ __forceinline__ T gru_cell_backward(T dh, T r, T z, T n, T hn, T h, T
 }
 
 // the forward outputs of unit j, row b, direction d at step s (time t): h into its hs slot,
-// y, and with TRAIN the history
+// y (h, or 0 where the step did not `run`), and with TRAIN the history
 template <typename T, bool TRAIN>
-__device__ __forceinline__ void gru_write_forward(T* hs, T* y, T* gates, T h_new, T r, T z, T n,
-                                                  T hn, int d, int D, int s, int t, int b, int j,
-                                                  int steps, int B, int H, int S) {
+__device__ __forceinline__ void gru_write_forward(T* hs, T* y, T* gates, T h_new, bool run, T r,
+                                                  T z, T n, T hn, int d, int D, int s, int t,
+                                                  int b, int j, int steps, int B, int H,
+                                                  int S) {
     hs[((long long)d * S + (s + 1) % S) * B * H + (long long)b * H + j] = h_new;
-    y[((long long)t * B + b) * D * H + (long long)d * H + j] = h_new;
+    y[((long long)t * B + b) * D * H + (long long)d * H + j] = run ? h_new : T(0);
     if (TRAIN) {
         T* g = gates + (((long long)d * steps + s) * B + b) * 4 * H;
         g[j] = r;

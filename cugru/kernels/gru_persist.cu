@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(GRU_PERSIST_THREADS, 1)
 gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                     const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
                     T* __restrict__ y, T* __restrict__ gates, unsigned int* barrier,
-                    int steps, int B, int H, int S, int J, int KC, T q_scale, T q_inv,
-                    T q_lo, T q_hi, int q_flags) {
+                    const int* __restrict__ lengths, int steps, int B, int H, int S, int J,
+                    int KC, T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
     constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
     const int HP = gru_round_up(H, V) + V, KCP = KC + V;
@@ -170,12 +170,13 @@ gru_persist_forward(const T* __restrict__ gi, const T* __restrict__ w_hh,
                 if (b >= B) continue;
                 const T hn = acc[i][2] + bh[2];
                 T r, z, n;
+                const bool run = t < gru_length(lengths, b, steps);
                 const T h_new = gru_cell<QAT>(x_r[i] + bi[0], x_z[i] + bi[1], x_n[i] + bi[2],
                                               acc[i][0] + bh[0], acc[i][1] + bh[1], hn,
-                                              h_own[i], r, z, n, GRU_QUANT(T));
+                                              h_own[i], r, z, n, GRU_QUANT(T), run);
                 h_own[i] = h_new;
-                gru_write_forward<T, TRAIN>(hs, y, gates, h_new, r, z, n, hn, d, D, s, t, b,
-                                            j, steps, B, H, S);
+                gru_write_forward<T, TRAIN>(hs, y, gates, h_new, run, r, z, n, hn, d, D, s, t,
+                                            b, j, steps, B, H, S);
             }
         }
         if (s + 1 < steps) load_x(s + 1);
@@ -233,8 +234,9 @@ __global__ void __launch_bounds__(GRU_PERSIST_THREADS, 1)
 gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                      const T* __restrict__ hs, const T* __restrict__ w_hh,
                      const T* __restrict__ dh_n, T* __restrict__ dgi, T* dgh,
-                     T* __restrict__ dh0, unsigned int* barrier, int steps, int B, int H,
-                     int J, int KC, T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
+                     T* __restrict__ dh0, unsigned int* barrier,
+                     const int* __restrict__ lengths, int steps, int B, int H, int J, int KC,
+                     T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
     constexpr int V = Pack16<T>::N;
     extern __shared__ __align__(16) unsigned char gru_smem[];
     const int RP = gru_round_up(3 * H, V) + V, KCP = KC + V;
@@ -291,9 +293,10 @@ gru_persist_backward(const T* __restrict__ dy, const T* __restrict__ gates,
                 const int b = bl + i * rb;
                 if (b >= B) continue;
                 T dr, dz, dn, r_used;
-                dhz[i] = gru_cell_backward<QAT>(dy_v[i] + carry[i], g_r[i], g_z[i], g_n[i],
-                                                g_hn[i], h_old[i], dr, dz, dn, r_used,
-                                                GRU_QUANT(T));
+                const bool run = t < gru_length(lengths, b, steps);
+                dhz[i] = gru_cell_backward<QAT>(run ? dy_v[i] + carry[i] : carry[i], g_r[i],
+                                                g_z[i], g_n[i], g_hn[i], h_old[i], dr, dz, dn,
+                                                r_used, GRU_QUANT(T), run);
                 gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B,
                                    H);
             }

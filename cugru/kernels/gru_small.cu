@@ -44,9 +44,9 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
                                   const T* __restrict__ w_ih, const T* __restrict__ w_hh,
                                   const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                   T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
-                                  T* __restrict__ h_n, int steps, int B, int I, int H, int D,
-                                  int L, T q_scale, T q_inv, T q_lo, T q_hi,
-                                  int q_flags) {
+                                  T* __restrict__ h_n, const int* __restrict__ lengths,
+                                  int steps, int B, int I, int H, int D, int L, T q_scale,
+                                  T q_inv, T q_lo, T q_hi, int q_flags) {
     extern __shared__ __align__(16) unsigned char gru_small_smem[];
     T* h = reinterpret_cast<T*>(gru_small_smem);          // two buffers of D*B*H
     const int units = D * B * H;
@@ -108,11 +108,12 @@ __global__ void gru_small_forward(const T* __restrict__ x, const T* __restrict__
                 const T* bh = b_hh + d * H3;
                 const T hn = hh + bh[2 * H + j];
                 T r, z, n;
+                const bool run = t < gru_length(lengths, b, steps);
                 const T h_new = gru_cell<QAT>(ir + bi[j], iz + bi[H + j], in + bi[2 * H + j],
                                               hr + bh[j], hz + bh[H + j], hn, cur[i], r, z, n,
-                                              GRU_QUANT(T));
+                                              GRU_QUANT(T), run);
                 nxt[i] = h_new;
-                y[((long long)t * B + b) * D * H + (long long)d * H + j] = h_new;
+                y[((long long)t * B + b) * D * H + (long long)d * H + j] = run ? h_new : T(0);
                 if (TRAIN) {
                     hs[((long long)d * S + s + 1) * B * H + (long long)b * H + j] = h_new;
                     T* g = gates + (((long long)d * steps + s) * B + b) * 4 * H;
@@ -140,9 +141,9 @@ __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict
                                    T* __restrict__ dgh, T* __restrict__ dx,
                                    T* __restrict__ dh0, T* __restrict__ dw_ih,
                                    T* __restrict__ dw_hh, T* __restrict__ db_ih,
-                                   T* __restrict__ db_hh, int steps, int B, int I, int H,
-                                   int D, T q_scale, T q_inv, T q_lo, T q_hi,
-                                   int q_flags) {
+                                   T* __restrict__ db_hh, const int* __restrict__ lengths,
+                                   int steps, int B, int I, int H, int D, T q_scale, T q_inv,
+                                   T q_lo, T q_hi, int q_flags) {
     extern __shared__ __align__(16) unsigned char gru_small_smem[];
     const int units = D * B * H;
     const long long H3 = 3LL * H;
@@ -157,9 +158,12 @@ __global__ void gru_small_backward(const T* __restrict__ dy, const T* __restrict
             const int t = gru_time(d, steps, s);
             T r, z, n, hn, h, dr, dz, dn, r_used;
             gru_read_history(gates, hs, d, s, b, j, steps, B, H, r, z, n, hn, h);
-            const T dh = dy[((long long)t * B + b) * D * H + (long long)d * H + j] + carry[i];
+            const bool run = t < gru_length(lengths, b, steps);
+            const T dh = run ? dy[((long long)t * B + b) * D * H + (long long)d * H + j]
+                                   + carry[i]
+                             : carry[i];
             carry[i] = gru_cell_backward<QAT>(dh, r, z, n, hn, h, dr, dz, dn, r_used,
-                                              GRU_QUANT(T));
+                                              GRU_QUANT(T), run);
             gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B, H);
             T* g = dgs + (d * B + b) * H3;
             g[j] = dr;

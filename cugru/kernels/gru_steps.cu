@@ -11,8 +11,9 @@ template <typename T, bool TRAIN, bool QAT>
 __global__ void gru_forward_step(const T* __restrict__ gi, const T* __restrict__ gh,
                                  const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                  T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
-                                 int steps, int B, int H, int S, int s, T q_scale, T q_inv,
-                                 T q_lo, T q_hi, int q_flags) {
+                                 const int* __restrict__ lengths, int steps, int B, int H,
+                                 int S, int s, T q_scale, T q_inv, T q_lo, T q_hi,
+                                 int q_flags) {
     const int D = gridDim.y, d = blockIdx.y;
     const long long BH = (long long)B * H, H3 = 3LL * H;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -26,18 +27,20 @@ __global__ void gru_forward_step(const T* __restrict__ gi, const T* __restrict__
     const T h = hs[((long long)d * S + s % S) * BH + i];
     const T hn = gh_row[2 * H + j] + bh[2 * H + j];
     T r, z, n;
+    const bool run = t < gru_length(lengths, b, steps);
     const T h_new = gru_cell<QAT>(gi_row[j] + bi[j], gi_row[H + j] + bi[H + j],
                                   gi_row[2 * H + j] + bi[2 * H + j], gh_row[j] + bh[j],
-                                  gh_row[H + j] + bh[H + j], hn, h, r, z, n, GRU_QUANT(T));
-    gru_write_forward<T, TRAIN>(hs, y, gates, h_new, r, z, n, hn, d, D, s, t, b, j, steps, B,
-                                H, S);
+                                  gh_row[H + j] + bh[H + j], hn, h, r, z, n, GRU_QUANT(T), run);
+    gru_write_forward<T, TRAIN>(hs, y, gates, h_new, run, r, z, n, hn, d, D, s, t, b, j, steps,
+                                B, H, S);
 }
 
 template <typename T, bool QAT>
 __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict__ gates,
                                   const T* __restrict__ hs, T* dh, T* __restrict__ dgi,
-                                  T* __restrict__ dgh, int steps, int B, int H, int s,
-                                  T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
+                                  T* __restrict__ dgh, const int* __restrict__ lengths,
+                                  int steps, int B, int H, int s, T q_scale, T q_inv, T q_lo,
+                                  T q_hi, int q_flags) {
     const int D = gridDim.y, d = blockIdx.y;
     const long long BH = (long long)B * H;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -46,8 +49,11 @@ __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict_
     const int t = gru_time(d, steps, s);
     T r, z, n, hn, h, dr, dz, dn, r_used;
     gru_read_history(gates, hs, d, s, b, j, steps, B, H, r, z, n, hn, h);
-    const T dhv = dy[((long long)t * B + b) * D * H + (long long)d * H + j] + dh[d * BH + i];
-    const T dhz = gru_cell_backward<QAT>(dhv, r, z, n, hn, h, dr, dz, dn, r_used, GRU_QUANT(T));
+    const bool run = t < gru_length(lengths, b, steps);
+    const T carry = dh[d * BH + i];
+    const T dhv = run ? dy[((long long)t * B + b) * D * H + (long long)d * H + j] + carry : carry;
+    const T dhz = gru_cell_backward<QAT>(dhv, r, z, n, hn, h, dr, dz, dn, r_used, GRU_QUANT(T),
+                                         run);
     gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B, H);
     dh[d * BH + i] = dhz;
 }

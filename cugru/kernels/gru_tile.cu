@@ -31,6 +31,8 @@
 //             anyway; each block then arrives at the group's counter, and at the next step
 //             waits for the others and copies the group's rows from L2 into its vector (one
 //             buffer: the copy comes after every thread of the block is done with it).
+// LEN: the instance for variable lengths (gru_common.cuh); without it `lengths` is not read
+// and the code is the plain GRU's (the 512-thread tiles have no register left for lengths).
 #include "gru_common.cuh"
 
 // one 16-byte pack from shared memory
@@ -447,13 +449,14 @@ __device__ __forceinline__ void gru_tile_product(T* part,
 }
 
 // The tile kernels' bodies; the kernels themselves follow (grid scope has no cluster shape).
-template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT>
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT, bool LEN>
 __device__ __forceinline__ void
 gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                      const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
-                     T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n, int steps,
-                     int B, int H, int S, int J, int KS, int R, unsigned int* counters, int G,
-                     int groups, const GruQuant<T> q) {
+                     T* __restrict__ y, T* __restrict__ gates, T* __restrict__ h_n,
+                     const int* __restrict__ lengths, int steps, int B, int H, int S, int J,
+                     int KS, int R, unsigned int* counters, int G, int groups,
+                     const GruQuant<T> q) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
     GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 1, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
@@ -526,14 +529,16 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
             gru_copy_wait();
             __syncthreads();
             T h_new, r, z, n, hn;
+            bool run = true;
             if (tl.mine) {
                 const T* x = ring_m + (s % GRU_TILE_AHEAD) * R * 3 * J;
                 T gh[3];
                 tl.unit_sums(gh, KS);
                 hn = gh[2] + bias[5 * J];
+                run = !LEN || gru_time(d, steps, s) < gru_length(lengths, bm, steps);
                 h_new = gru_cell<QAT>(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
                                       gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,
-                                      tl.row(s & 1, tl.pi, 1)[j], r, z, n, q);
+                                      tl.row(s & 1, tl.pi, 1)[j], r, z, n, q, run);
                 if (C == 0) (hs + ((long long)d * S + (s + 1) % S) * BH)[o_s] = h_new;
                 else tl.row((s + 1) & 1, tl.pi, 1)[j] = h_new;
             }
@@ -547,7 +552,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                                              tl.row((s + 1) & 1, 0, 1), 0, 1, xoff, xok);
             }
             if (tl.mine) {   // the outputs
-                (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = h_new;
+                (y + (long long)gru_time(d, steps, s) * (B * D * H))[o_t] = run ? h_new : T(0);
                 if (s == steps - 1) h_n[d * BH + o_s] = h_new;
                 if (TRAIN) {
                     if (C > 0) (hs + ((long long)d * S + s + 1) * BH)[o_s] = h_new;
@@ -566,14 +571,14 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
     tl.each_group(B, H, J, R, groups, run);
 }
 
-template <typename T, int C, int Q, int MR, int NT, int U, bool QAT>
+template <typename T, int C, int Q, int MR, int NT, int U, bool QAT, bool LEN>
 __device__ __forceinline__ void
 gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                       const T* __restrict__ hs, const T* __restrict__ w_hh,
                       const T* __restrict__ dh_n /* null: zeros */, T* __restrict__ dgi,
-                      T* __restrict__ dgh, T* __restrict__ dh0, int steps, int B, int H,
-                      int J, int KS, int R, unsigned int* counters, int G, int groups,
-                      const GruQuant<T> q) {
+                      T* __restrict__ dgh, T* __restrict__ dh0,
+                      const int* __restrict__ lengths, int steps, int B, int H, int J, int KS,
+                      int R, unsigned int* counters, int G, int groups, const GruQuant<T> q) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
     GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 3, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
@@ -649,8 +654,10 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
             if (tl.mine) {
                 const T* v = ring_m + (s % GRU_TILE_AHEAD) * R * 6 * J;
                 T dr, dz, dn, r;
-                dhz = gru_cell_backward<QAT>(v[5 * J] + carry, v[0], v[J], v[2 * J], v[3 * J],
-                                             v[4 * J], dr, dz, dn, r, q);
+                const bool run = !LEN || gru_time(d, steps, s) < gru_length(lengths, bm, steps);
+                dhz = gru_cell_backward<QAT>(run ? v[5 * J] + carry : carry, v[0], v[J],
+                                             v[2 * J], v[3 * J], v[4 * J], dr, dz, dn, r, q,
+                                             run);
                 if (C > 0) {
                     T* out = tl.row(s & 1, tl.pi, 3) + j;
                     out[0] = dr;
@@ -693,38 +700,38 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
 #define GRU_TILE_FORWARD_PARAMS                                                              \
     const T *__restrict__ gi, const T *__restrict__ w_hh, const T *__restrict__ b_ih,        \
         const T *__restrict__ b_hh, T *hs, T *__restrict__ y, T *__restrict__ gates,        \
-        T *__restrict__ h_n, int steps, int B, int H, int S, int J, int KS, int R,          \
-        unsigned int *counters, int G, int groups, T q_scale, T q_inv, T q_lo, T q_hi, \
-        int q_flags
+        T *__restrict__ h_n, const int *__restrict__ lengths, int steps, int B, int H,     \
+        int S, int J, int KS, int R, unsigned int *counters, int G, int groups, T q_scale,  \
+        T q_inv, T q_lo, T q_hi, int q_flags
 #define GRU_TILE_FORWARD_ARGS                                                                \
-    gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, steps, B, H, S, J, KS, R, counters, G, groups,  \
-        GRU_QUANT(T)
+    gi, w_hh, b_ih, b_hh, hs, y, gates, h_n, lengths, steps, B, H, S, J, KS, R, counters, G, \
+        groups, GRU_QUANT(T)
 #define GRU_TILE_BACKWARD_PARAMS                                                             \
     const T *__restrict__ dy, const T *__restrict__ gates, const T *__restrict__ hs,         \
         const T *__restrict__ w_hh, const T *__restrict__ dh_n, T *__restrict__ dgi,             \
         T *__restrict__ dgh,                                                               \
-        T *__restrict__ dh0, int steps, int B, int H, int J, int KS, int R,                 \
-        unsigned int *counters, int G, int groups, T q_scale, T q_inv, T q_lo, T q_hi, \
-        int q_flags
+        T *__restrict__ dh0, const int *__restrict__ lengths, int steps, int B, int H,     \
+        int J, int KS, int R, unsigned int *counters, int G, int groups, T q_scale,         \
+        T q_inv, T q_lo, T q_hi, int q_flags
 #define GRU_TILE_BACKWARD_ARGS                                                               \
-    dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, steps, B, H, J, KS, R, counters, G, groups,    \
-        GRU_QUANT(T)
+    dy, gates, hs, w_hh, dh_n, dgi, dgh, dh0, lengths, steps, B, H, J, KS, R, counters, G,   \
+        groups, GRU_QUANT(T)
 
-template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT>
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT, bool LEN>
 __global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_forward(GRU_TILE_FORWARD_PARAMS) {
-    gru_tile_forward_run<T, C, Q, MR, NT, U, TRAIN, QAT>(GRU_TILE_FORWARD_ARGS);
+    gru_tile_forward_run<T, C, Q, MR, NT, U, TRAIN, QAT, LEN>(GRU_TILE_FORWARD_ARGS);
 }
-template <typename T, int C, int Q, int MR, int NT, int U, bool QAT>
+template <typename T, int C, int Q, int MR, int NT, int U, bool QAT, bool LEN>
 __global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
 gru_tile_backward(GRU_TILE_BACKWARD_PARAMS) {
-    gru_tile_backward_run<T, C, Q, MR, NT, U, QAT>(GRU_TILE_BACKWARD_ARGS);
+    gru_tile_backward_run<T, C, Q, MR, NT, U, QAT, LEN>(GRU_TILE_BACKWARD_ARGS);
 }
-template <typename T, int Q, int MR, int NT, int U, bool TRAIN, bool QAT>
+template <typename T, int Q, int MR, int NT, int U, bool TRAIN, bool QAT, bool LEN>
 __global__ void __launch_bounds__(NT, 1) gru_tile_grid_forward(GRU_TILE_FORWARD_PARAMS) {
-    gru_tile_forward_run<T, 0, Q, MR, NT, U, TRAIN, QAT>(GRU_TILE_FORWARD_ARGS);
+    gru_tile_forward_run<T, 0, Q, MR, NT, U, TRAIN, QAT, LEN>(GRU_TILE_FORWARD_ARGS);
 }
-template <typename T, int Q, int MR, int NT, int U, bool QAT>
+template <typename T, int Q, int MR, int NT, int U, bool QAT, bool LEN>
 __global__ void __launch_bounds__(NT, 1) gru_tile_grid_backward(GRU_TILE_BACKWARD_PARAMS) {
-    gru_tile_backward_run<T, 0, Q, MR, NT, U, QAT>(GRU_TILE_BACKWARD_ARGS);
+    gru_tile_backward_run<T, 0, Q, MR, NT, U, QAT, LEN>(GRU_TILE_BACKWARD_ARGS);
 }

@@ -1,0 +1,395 @@
+"""cugru.torch: torch.nn.GRU's drop-in on cugru's kernels.
+
+    from cugru.torch import GRU          # in place of torch.nn.GRU
+    gru = GRU(128, 256, num_layers=2, bidirectional=True).cuda()
+
+``GRU`` takes nn.GRU's constructor arguments and has its parameters (names, shapes,
+initialisation), so state dicts move both ways, and its ``forward(input, hx=None)``: a
+Tensor (T, B, I), (B, T, I) with batch_first, or (T, I) unbatched, or a PackedSequence, in;
+the same kind out, with h_n. CUDA tensors run cugru's kernels on torch's current stream,
+sharing memory through DLPack (no copy); CPU tensors run the numpy oracle (so
+torch.autograd.gradcheck runs in float64 on the CPU). float32 and float64.
+
+Each layer is one call of the operator ``torch.ops.cugru.gru_layer`` (its backward
+``torch.ops.cugru.gru_layer_backward``), registered with torch.library with its autograd
+formula and its shapes for tracing ("fake" tensors), so that torch.compile traces through
+it without a graph break. Eager calls run the same two functions through a plain
+torch.autograd.Function, which costs the host less per call.
+
+Keyword arguments beyond nn.GRU's: ``quant`` (a cugru.QuantSpec: quantization-aware
+training of every layer) and ``path`` (cugru's plan choice, "auto" by default).
+
+torch is imported here only: ``import cugru`` does not import it.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import rnn as rnn_utils
+
+from . import _args, oracle
+from .gru import gru_backward, gru_forward
+from .quant import QuantSpec
+from .saved import GruSaved
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+# ------------------------------------------------------------------ the operator's pieces
+def _spec_to_list(spec: Optional[QuantSpec]) -> Optional[List[float]]:
+    """A QuantSpec as the operator's list of floats (exact: its scales are float32 values)."""
+    if spec is None:
+        return None
+    out = [float(spec.weight_bits), float(spec.gates)]
+    for qp in (spec.x_qparams, spec.h_qparams):
+        out += [0.0, 0.0, 0.0, 0.0, 0.0] if qp is None else [1.0, *map(float, qp)]
+    return out
+
+
+def _list_to_spec(values: Optional[List[float]]) -> Optional[QuantSpec]:
+    if values is None:
+        return None
+
+    def grid(v):
+        return None if not v[0] else (v[1], int(v[2]), int(v[3]), int(v[4]))
+    return QuantSpec(int(values[0]), grid(values[2:7]), grid(values[7:12]), bool(values[1]))
+
+
+_STREAMS: dict = {}
+
+
+class _OnDevice:
+    """CuPy on the tensor's device and on torch's current stream there (an ExternalStream,
+    made once per stream), so cugru's launches queue behind torch's work with no sync."""
+
+    def __init__(self, device):
+        from cukernels import runtime
+        self.cp = cp = runtime.cupy_module()
+        if cp is None:
+            raise RuntimeError("cugru.torch: CUDA tensors need CuPy (pip install "
+                               "cupy-cuda12x or cupy-cuda13x)")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        ptr = torch.cuda.current_stream(index).cuda_stream
+        stream = _STREAMS.get((index, ptr))
+        if stream is None:
+            stream = _STREAMS[index, ptr] = cp.cuda.ExternalStream(ptr, index)
+        self._dev, self._stream = cp.cuda.Device(index), stream
+
+    def __enter__(self):
+        self._dev.__enter__()
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._stream.__exit__(*exc)
+        self._dev.__exit__(*exc)
+        return False
+
+    def arr(self, t):
+        return None if t is None else self.cp.from_dlpack(t.detach())
+
+
+def _tensor(a):
+    """A cupy or numpy array as a tensor, sharing its memory."""
+    if a is None:
+        return None
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else torch.from_dlpack(a)
+
+
+def _lengths(lengths: Optional[Tensor]):
+    return None if lengths is None else lengths.detach().cpu().numpy()
+
+
+def _layer_forward(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
+    """One layer's forward pass on tensors: (y, h_n, hs, gates, x_q, w_ih_q, w_hh_q); the
+    history (hs, gates) and the quantized operands are empty tensors where the pass keeps
+    none (x_q also where x is not quantized: the backward pass then takes x itself)."""
+    spec = _list_to_spec(quant)
+    kw = dict(bidirectional=bidirectional, training=training, quant=spec,
+              lengths=_lengths(lengths))
+    if x.is_cuda:
+        with _OnDevice(x.device) as on:
+            y, h_n, saved = gru_forward(on.arr(x), on.arr(h0), on.arr(w_ih), on.arr(w_hh),
+                                        on.arr(b_ih), on.arr(b_hh), **kw)
+    else:
+        n = lambda t: None if t is None else t.detach().numpy()  # noqa: E731
+        y, h_n, saved = oracle.gru_forward(n(x), n(h0), n(w_ih), n(w_hh), n(b_ih), n(b_hh),
+                                           **kw)
+    none = lambda: x.new_empty(0)  # noqa: E731  (outputs must not alias each other)
+    if saved is None:
+        return (_tensor(y), _tensor(h_n)) + tuple(none() for _ in range(5))
+    hist = (_tensor(y), _tensor(h_n), _tensor(saved.hs), _tensor(saved.gates))
+    if spec is None:
+        return hist + (none(), none(), none())
+    x_q = _tensor(saved.x) if spec.x_qparams is not None else none()
+    return hist + (x_q, _tensor(saved.w_ih), _tensor(saved.w_hh))
+
+
+def _layer_backward(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths, quant):
+    """One layer's backward pass from what _layer_forward kept: (dx, dh0, dw_ih, dw_hh,
+    db_ih, db_hh)."""
+    spec = _list_to_spec(quant)
+    T, B, _ = x.shape
+    if x.is_cuda:
+        with _OnDevice(x.device) as on:
+            cp = on.cp
+            saved = GruSaved(on.arr(x), on.arr(w_ih), on.arr(w_hh), on.arr(hs), on.arr(gates),
+                             False, spec, on.arr(x_real), on.arr(h0_real),
+                             _args.check_lengths(_lengths(lengths), T, B, cp))
+            grads = gru_backward(on.arr(dy), on.arr(dh_n), saved)
+    else:
+        n = lambda t: None if t is None else t.detach().numpy()  # noqa: E731
+        saved = GruSaved(n(x), n(w_ih), n(w_hh), n(hs), n(gates), False, spec, n(x_real),
+                         n(h0_real), _args.check_lengths(_lengths(lengths), T, B, np))
+        grads = oracle.gru_backward(n(dy), n(dh_n), saved)
+    return tuple(_tensor(g) for g in grads)
+
+
+# ------------------------------------------------------------ the registered operator
+@torch.library.custom_op("cugru::gru_layer", mutates_args=())
+def gru_layer(x: Tensor, h0: Optional[Tensor], w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
+              b_hh: Tensor, lengths: Optional[Tensor], bidirectional: bool, training: bool,
+              quant: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                     Tensor, Tensor]:
+    """One GRU layer: x (T, B, I), h0 (D, B, H) or None, weights (D, 3H, I), (D, 3H, H),
+    biases (D, 3H); returns y, h_n and what the backward pass needs (see _layer_forward)."""
+    return _layer_forward(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training,
+                          quant)
+
+
+@gru_layer.register_fake
+def _(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
+    T, B, I = x.shape
+    D, _, H = w_hh.shape
+    none = lambda: x.new_empty(0)  # noqa: E731
+    y, h_n = x.new_empty(T, B, D * H), x.new_empty(D, B, H)
+    if not training:
+        return (y, h_n) + tuple(none() for _ in range(5))
+    hist = (y, h_n, x.new_empty(D, T + 1, B, H), x.new_empty(D, T, B, 4 * H))
+    spec = _list_to_spec(quant)
+    if spec is None:
+        return hist + (none(), none(), none())
+    x_q = x.new_empty(T, B, I) if spec.x_qparams is not None else none()
+    return hist + (x_q, w_ih.new_empty(w_ih.shape), w_hh.new_empty(w_hh.shape))
+
+
+@torch.library.custom_op("cugru::gru_layer_backward", mutates_args=())
+def gru_layer_backward(dy: Tensor, dh_n: Optional[Tensor], x: Tensor, w_ih: Tensor,
+                       w_hh: Tensor, hs: Tensor, gates: Tensor, x_real: Optional[Tensor],
+                       h0_real: Optional[Tensor], lengths: Optional[Tensor],
+                       quant: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor,
+                                                              Tensor, Tensor]:
+    """The gradients of gru_layer: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
+    return _layer_backward(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths,
+                           quant)
+
+
+@gru_layer_backward.register_fake
+def _(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths, quant):
+    D, G, H = w_hh.shape
+    return (x.new_empty(x.shape), x.new_empty(D, x.shape[1], H), w_ih.new_empty(w_ih.shape),
+            w_hh.new_empty(w_hh.shape), x.new_empty(D, G), x.new_empty(D, G))
+
+
+def _saved(inputs, output):
+    """What the backward pass keeps: (x, w_ih, w_hh as the pass used them, hs, gates, x and
+    h0 as given for a quantization-aware pass (else None), lengths)."""
+    x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant = inputs
+    y, h_n, hs, gates, x_q, w_ih_q, w_hh_q = output
+    if quant is None:
+        return (x, w_ih, w_hh, hs, gates, None, None, lengths)
+    return (x_q if x_q.numel() else x, w_ih_q, w_hh_q, hs, gates, x, h0, lengths)
+
+
+def _grads(ctx, dy, dh_n):
+    """gru_layer's input gradients from ctx (_setup) and the gradients of y and h_n."""
+    saved = ctx.saved_tensors
+    x = saved[0]
+    if dy is None:
+        dy = x.new_zeros(ctx.y_shape)
+    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = ctx.backward_op(
+        dy.contiguous(), None if dh_n is None else dh_n.contiguous(), *saved, ctx.quant)
+    return (dx, dh0 if ctx.has_h0 else None, dw_ih, dw_hh, db_ih, db_hh,
+            None, None, None, None)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*_saved(inputs, output))
+    ctx.quant = inputs[9]
+    ctx.has_h0 = inputs[1] is not None
+    ctx.y_shape = output[0].shape
+    ctx.backward_op = gru_layer_backward
+    ctx.mark_non_differentiable(*output[2:])
+
+
+def _backward(ctx, dy, dh_n, *history):
+    return _grads(ctx, dy, dh_n)
+
+
+gru_layer.register_autograd(_backward, setup_context=_setup)
+
+
+class _EagerLayer(torch.autograd.Function):
+    """gru_layer's autograd through torch.autograd.Function: the same functions, with less
+    host work per call than the registered operator's dispatch (eager mode)."""
+
+    @staticmethod
+    def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
+        inputs = (x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant)
+        output = _layer_forward(*inputs)
+        ctx.save_for_backward(*_saved(inputs, output))
+        ctx.quant, ctx.has_h0, ctx.y_shape = quant, h0 is not None, output[0].shape
+        ctx.backward_op = _layer_backward
+        ctx.mark_non_differentiable(*output[2:])
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, dh_n, *history):
+        return _grads(ctx, dy, dh_n)
+
+
+def layer(x, h0, w_ih, w_hh, b_ih, b_hh, lengths=None, bidirectional=False, training=True,
+          quant=None):
+    """(y, h_n) of one layer, differentiable: the registered operator under torch.compile,
+    the eager Function otherwise."""
+    q = _spec_to_list(quant)
+    if torch.compiler.is_compiling():
+        out = gru_layer(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, q)
+    else:
+        out = _EagerLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional,
+                                training, q)
+    return out[0], out[1]
+
+
+# ------------------------------------------------------------------------------ the module
+class GRU(nn.Module):
+    """torch.nn.GRU on cugru's kernels (see the module's doc). Arguments as nn.GRU's, and
+    quant (a cugru.QuantSpec, or None) and path (cugru's plan: "auto", "fast", "steps",
+    "small")."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, device=None, dtype=None, *, quant=None,
+                 path="auto"):
+        super().__init__()
+        for name, v, low in (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),
+                             ("num_layers", num_layers, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
+                not 0 <= dropout <= 1:
+            raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+        if quant is not None and not isinstance(quant, QuantSpec):
+            raise TypeError(f"quant must be a cugru.QuantSpec or None, got "
+                            f"{type(quant).__name__}")
+        self.path = _args.check_path(path)
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if dtype not in _DTYPES:
+            raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional, self.quant = bool(bidirectional), quant
+        self.mode = "GRU"
+        D, G = 2 if bidirectional else 1, 3 * hidden_size
+        self._names = []
+        for k in range(num_layers):
+            size_in = input_size if k == 0 else hidden_size * D
+            for sfx in ("", "_reverse")[:D]:
+                shapes = {f"weight_ih_l{k}{sfx}": (G, size_in),
+                          f"weight_hh_l{k}{sfx}": (G, hidden_size)}
+                if bias:
+                    shapes.update({f"bias_ih_l{k}{sfx}": (G,), f"bias_hh_l{k}{sfx}": (G,)})
+                for name, shape in shapes.items():
+                    self.register_parameter(
+                        name, nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                    self._names.append(name)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """nn.GRU's initialisation: every parameter uniform in +-1/sqrt(hidden_size)."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for w in self.parameters():
+            nn.init.uniform_(w, -bound, bound)
+
+    def extra_repr(self):
+        s = f"{self.input_size}, {self.hidden_size}"
+        for name, default in (("num_layers", 1), ("bias", True), ("batch_first", False),
+                              ("dropout", 0.0), ("bidirectional", False), ("quant", None)):
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)}"
+        return s
+
+    def _layer_weights(self, k, D):
+        """Layer k's (w_ih, w_hh, b_ih, b_hh) with the direction axis (a view for one
+        direction, stacked for two)."""
+        out = []
+        for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            ws = [getattr(self, f"{kind}_l{k}{sfx}", None) for sfx in ("", "_reverse")[:D]]
+            if ws[0] is None:      # bias=False: zeros, no parameter
+                ref = getattr(self, f"weight_hh_l{k}")
+                out.append(ref.new_zeros(D, ref.shape[0]))
+            else:
+                out.append(ws[0].unsqueeze(0) if D == 1 else torch.stack(ws))
+        return out
+
+    def forward(self, input, hx=None):
+        packed = isinstance(input, rnn_utils.PackedSequence)
+        D, H, L = 2 if self.bidirectional else 1, self.hidden_size, self.num_layers
+        lengths = None
+        if packed:
+            x, lengths = rnn_utils.pad_packed_sequence(input)
+            batched = True
+        else:
+            if not isinstance(input, Tensor):
+                raise TypeError(f"input must be a Tensor or a PackedSequence, got "
+                                f"{type(input).__name__}")
+            if input.dim() not in (2, 3):
+                raise ValueError(f"input must have 2 (unbatched) or 3 dimensions, got shape "
+                                 f"{tuple(input.shape)}")
+            batched = input.dim() == 3
+            x = input if batched else input.unsqueeze(1)
+            if batched and self.batch_first:
+                x = x.transpose(0, 1)
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"input has dtype {x.dtype}; cugru.torch.GRU runs float32 and "
+                            "float64")
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input has {x.shape[-1]} features, expected input_size = "
+                             f"{self.input_size}")
+        B = x.shape[1]
+        if hx is not None:
+            want = (L * D, B, H) if batched else (L * D, H)
+            if tuple(hx.shape) != want:
+                raise ValueError(f"hx has shape {tuple(hx.shape)}, expected {want}")
+            hx = (hx if batched else hx.unsqueeze(1)).reshape(L, D, B, H)
+        layer_in = x.contiguous()
+        grad = torch.is_grad_enabled() and (
+            layer_in.requires_grad or (hx is not None and hx.requires_grad)
+            or any(p.requires_grad for p in self.parameters()))
+        h_n = []
+        for k in range(L):
+            h0 = None if hx is None else hx[k].contiguous()
+            y, hk = layer(layer_in, h0, *self._layer_weights(k, D), lengths, D == 2, grad,
+                          self.quant)
+            h_n.append(hk)
+            if self.dropout and self.training and k < L - 1:
+                y = nn.functional.dropout(y, self.dropout, training=True)
+            layer_in = y
+        h_n = torch.cat(h_n) if L > 1 else h_n[0]
+        if packed:
+            order = input.sorted_indices
+            y_sorted = layer_in if order is None else layer_in.index_select(1, order)
+            lens = lengths if order is None else lengths.index_select(0, order.cpu())
+            data = rnn_utils.pack_padded_sequence(y_sorted, lens, enforce_sorted=True).data
+            return (rnn_utils.PackedSequence(data, input.batch_sizes, input.sorted_indices,
+                                             input.unsorted_indices), h_n)
+        y = layer_in
+        if not batched:
+            return y.squeeze(1), h_n.squeeze(1)
+        return (y.transpose(0, 1) if self.batch_first else y), h_n
+
+
+__all__ = ["GRU", "gru_layer", "gru_layer_backward", "layer"]

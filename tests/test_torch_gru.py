@@ -1,0 +1,263 @@
+"""cugru.torch.GRU against torch.nn.GRU: outputs, h_n and every parameter's gradient, on the
+CPU (float64, the numpy oracle) and on the GPU (cugru's kernels against cuDNN); the state
+dict both ways, gradcheck, torch.compile, and the argument checks."""
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+except ImportError:          # (CI installs the test extra, torch included)
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("torch is not installed (pip install torch==2.13.0)", allow_module_level=True)
+rnn = torch.nn.utils.rnn
+
+import cugru  # noqa: E402
+from cugru import QuantSpec  # noqa: E402
+from cugru.torch import GRU  # noqa: E402
+
+#: (layers, bidirectional, batch_first, hx given, input kind)
+CASES = [(L, bi, bf, hx, kind) for L in (1, 2, 3) for bi in (False, True)
+         for bf, hx, kind in ((False, True, "padded"), (True, False, "padded"),
+                              (False, False, "packed"), (True, True, "packed"))]
+
+
+def _pair(L, bi, bf, dtype, device, I=5, H=7, **kw):
+    ref = torch.nn.GRU(I, H, num_layers=L, bidirectional=bi, batch_first=bf, **kw).to(
+        device=device, dtype=dtype)
+    ours = GRU(I, H, num_layers=L, bidirectional=bi, batch_first=bf, device=device,
+               dtype=dtype, **kw)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _inputs(L, bi, bf, hx, kind, dtype, device, T=6, B=4, I=5, H=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((B, T, I) if bf else (T, B, I), generator=g, dtype=dtype).to(device)
+    h = torch.randn(L * (2 if bi else 1), B, H, generator=g, dtype=dtype).to(device) \
+        if hx else None
+    lengths = torch.tensor([3, T, 1, 4][:B]) if kind == "packed" else None
+    return x, h, lengths
+
+
+def _run(model, x, h, lengths, bf):
+    """(output as a padded tensor, h_n, grads of x, h and every parameter) after a
+    backward pass of fixed weights of the outputs."""
+    x = x.detach().clone().requires_grad_()
+    h = None if h is None else h.detach().clone().requires_grad_()
+    model.zero_grad()
+    inp = x if lengths is None else rnn.pack_padded_sequence(x, lengths, batch_first=bf,
+                                                             enforce_sorted=False)
+    out, hn = model(inp, h)
+    if lengths is not None:
+        assert isinstance(out, rnn.PackedSequence)
+        packed_data = out.data
+        out = rnn.pad_packed_sequence(out, batch_first=bf, total_length=x.shape[1 if bf else 0])[0]
+    else:
+        packed_data = None
+    g = torch.Generator().manual_seed(1)
+    wy = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
+    wh = torch.randn(hn.shape, generator=g, dtype=out.dtype).to(out.device)
+    ((out * wy).sum() + (hn * wh).sum()).backward()
+    grads = [x.grad] + ([h.grad] if h is not None else []) + [p.grad for p in model.parameters()]
+    return out.detach(), hn.detach(), grads, packed_data
+
+
+def _compare(a, b, tol):
+    ya, ha, ga, pa = a
+    yb, hb, gb, pb = b
+    torch.testing.assert_close(ya, yb, rtol=0, atol=tol)
+    torch.testing.assert_close(ha, hb, rtol=0, atol=tol)
+    if pa is not None:
+        torch.testing.assert_close(pa, pb.detach(), rtol=0, atol=tol)
+    assert len(ga) == len(gb)
+    for i, (u, v) in enumerate(zip(ga, gb)):
+        scale = max(1.0, float(v.abs().max()))
+        torch.testing.assert_close(u, v, rtol=0, atol=tol * scale, msg=f"gradient {i}")
+
+
+@pytest.mark.parametrize("L,bi,bf,hx,kind", CASES)
+def test_matches_nn_gru_on_the_cpu(L, bi, bf, hx, kind):
+    ref, ours = _pair(L, bi, bf, torch.float64, "cpu")
+    x, h, lengths = _inputs(L, bi, bf, hx, kind, torch.float64, "cpu")
+    _compare(_run(ours, x, h, lengths, bf), _run(ref, x, h, lengths, bf), 1e-12)
+
+
+def test_unbatched_input_and_no_bias_and_dropout_as_nn_gru():
+    ref, ours = _pair(2, True, False, torch.float64, "cpu", bias=False)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    x = torch.randn(6, 5, dtype=torch.float64)
+    h = torch.randn(4, 7, dtype=torch.float64)
+    for a, b in zip(ours(x, h), ref(x, h)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # dropout between layers, in training mode only, with torch's generator
+    ref, ours = _pair(3, False, False, torch.float64, "cpu", dropout=0.4)
+    x = torch.randn(6, 4, 5, dtype=torch.float64)
+    out = {}
+    for mode in ("train", "eval"):
+        getattr(ref, mode)()
+        getattr(ours, mode)()
+        torch.manual_seed(3)
+        out[mode] = ours(x)[0]
+        torch.manual_seed(3)
+        torch.testing.assert_close(out[mode], ref(x)[0], rtol=0, atol=1e-12)
+    assert not torch.equal(out["train"], out["eval"])      # (dropout ran in training only)
+    ours.train()
+    torch.manual_seed(4)
+    assert not torch.equal(ours(x)[0], out["train"])       # (a new mask from a new seed)
+
+
+def test_state_dict_round_trip_and_nn_gru_parameters():
+    ref, ours = _pair(2, True, True, torch.float32, "cpu")
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    for (n1, p1), (n2, p2) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert n1 == n2 and p1.shape == p2.shape and p1.dtype == p2.dtype
+    back = torch.nn.GRU(5, 7, num_layers=2, bidirectional=True, batch_first=True)
+    back.load_state_dict(ours.state_dict())
+    fresh = GRU(5, 7, num_layers=2, bidirectional=True, batch_first=True)
+    bound = 1 / np.sqrt(7)
+    assert all(float(p.detach().abs().max()) <= bound for p in fresh.parameters())
+    assert repr(fresh) == "GRU(5, 7, num_layers=2, batch_first=True, bidirectional=True)"
+
+
+def test_gradcheck_in_float64_on_the_cpu():
+    gru = GRU(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(4, 2, 4, dtype=torch.float64, requires_grad=True)
+    params = list(gru.parameters())
+
+    def f(x, h, *ps):
+        with torch.nn.utils.stateless._reparametrize_module(
+                gru, dict(zip([n for n, _ in gru.named_parameters()], ps))):
+            y, hn = gru(x, h)
+        return y, hn
+    assert torch.autograd.gradcheck(f, (x, h, *[p.detach().requires_grad_() for p in params]))
+
+
+def test_the_operator_is_registered_with_its_shapes_for_tracing():
+    """torch.library's own check of the operator (schema, fake tensors, autograd)."""
+    from cugru.torch import _spec_to_list
+    x = torch.randn(4, 3, 5, dtype=torch.float64, requires_grad=True)
+    ws = [torch.randn(s, dtype=torch.float64, requires_grad=True)
+          for s in ((2, 21, 5), (2, 21, 7), (2, 21), (2, 21))]
+    h0 = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+    spec = _spec_to_list(QuantSpec(8, (1 / 64, 0, -128, 127), None, True))
+    for quant in (None, spec):
+        torch.library.opcheck(torch.ops.cugru.gru_layer.default,
+                              (x, h0, *ws, torch.tensor([4, 2, 3]), True, True, quant))
+
+
+def test_torch_compile_traces_it_without_a_graph_break():
+    gru = GRU(5, 7, num_layers=2, bidirectional=True, dtype=torch.float64)
+    head = torch.nn.Linear(14, 3, dtype=torch.float64)
+
+    def f(x):
+        y, _ = gru(x)
+        return head(y).sum()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    x = torch.randn(6, 4, 5, dtype=torch.float64)
+    loss = compiled(x)
+    loss.backward()
+    got = [p.grad.clone() for p in gru.parameters()]
+    gru.zero_grad()
+    head.zero_grad()
+    f(x).backward()
+    for a, b in zip(got, gru.parameters()):
+        torch.testing.assert_close(a, b.grad, rtol=0, atol=1e-12)
+
+
+def test_quantization_aware_layers_are_the_functional_calls():
+    spec = QuantSpec(8, (1 / 32, 0, -128, 127), (1 / 64, 0, -128, 127), True)
+    gru = GRU(5, 7, bidirectional=True, dtype=torch.float64, quant=spec)
+    x = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True)
+    y, hn = gru(x)
+    y.sum().backward()
+    w = [torch.stack([getattr(gru, f"{k}_l0{s}").detach() for s in ("", "_reverse")]).numpy()
+         for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    ey, ehn, saved = cugru.gru_forward(x.detach().numpy(), None, *w, bidirectional=True,
+                                       quant=spec)
+    assert np.array_equal(y.detach().numpy(), ey) and np.array_equal(hn.detach().numpy(), ehn)
+    grads = cugru.gru_backward(np.ones_like(ey), None, saved)
+    assert np.array_equal(x.grad.numpy(), grads[0])
+    assert np.array_equal(gru.weight_hh_l0_reverse.grad.numpy(), grads[3][1])
+
+
+def test_bad_arguments_name_them():
+    with pytest.raises(ValueError, match="hidden_size must be an integer >= 1"):
+        GRU(3, 0)
+    with pytest.raises(ValueError, match="dropout must be a number in"):
+        GRU(3, 4, dropout=1.5)
+    with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+        GRU(3, 4, dtype=torch.float16)
+    with pytest.raises(TypeError, match="quant must be a cugru.QuantSpec"):
+        GRU(3, 4, quant=8)
+    with pytest.raises(ValueError, match="path must be one of"):
+        GRU(3, 4, path="fastest")
+    gru = GRU(3, 4)
+    with pytest.raises(ValueError, match="input has 5 features, expected input_size = 3"):
+        gru(torch.randn(2, 2, 5))
+    with pytest.raises(ValueError, match=r"hx has shape \(2, 2, 4\), expected \(1, 2, 4\)"):
+        gru(torch.randn(2, 2, 3), torch.randn(2, 2, 4))
+    with pytest.raises(ValueError, match="2 \\(unbatched\\) or 3 dimensions"):
+        gru(torch.randn(3))
+    with pytest.raises(TypeError, match="input has dtype torch.int64"):
+        gru(torch.ones(2, 2, 3, dtype=torch.int64))
+
+
+def test_import_cugru_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, cugru, cukernels; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------- on the GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("L,bi,bf,hx,kind", CASES)
+def test_matches_cudnn_on_the_gpu(L, bi, bf, hx, kind):
+    """float64 on the GPU against cuDNN in float64, and float32 against cuDNN in float32
+    (strict), both within the float32 tolerance of test_gru_gpu.py's shapes."""
+    for dtype, tol in ((torch.float64, 1e-11), (torch.float32, 2e-5)):
+        torch.backends.cudnn.allow_tf32 = False
+        ref, ours = _pair(L, bi, bf, dtype, "cuda", I=16, H=32)
+        x, h, lengths = _inputs(L, bi, bf, hx, kind, dtype, "cuda", T=9, B=4, I=16, H=32)
+        _compare(_run(ours, x, h, lengths, bf), _run(ref, x, h, lengths, bf), tol)
+
+
+@pytest.mark.gpu
+def test_runs_on_torch_s_current_stream_and_repeats_its_bits():
+    gru = GRU(16, 32, num_layers=2, bidirectional=True, device="cuda")
+    x = torch.randn(9, 4, 16, device="cuda")
+    s = torch.cuda.Stream()
+    outs = []
+    for stream in (torch.cuda.current_stream(), s, s):
+        with torch.cuda.stream(stream):
+            y, hn = gru(x)
+            y.sum().backward()
+            outs.append((y.clone(), [p.grad.clone() for p in gru.parameters()]))
+            gru.zero_grad()
+    torch.cuda.synchronize()
+    for y, g in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and all(torch.equal(a, b) for a, b in zip(g, outs[0][1]))
+
+
+@pytest.mark.gpu
+def test_torch_compile_on_the_gpu():
+    gru = GRU(16, 32, num_layers=2, bidirectional=True, device="cuda")
+
+    def f(x):
+        return gru(x)[0].square().mean()
+    x = torch.randn(9, 4, 16, device="cuda")
+    compiled = torch.compile(f, fullgraph=True)
+    loss = compiled(x)
+    loss.backward()
+    got = [p.grad.clone() for p in gru.parameters()]
+    gru.zero_grad()
+    f(x).backward()
+    for a, b in zip(got, gru.parameters()):
+        torch.testing.assert_close(a, b.grad, rtol=1e-5, atol=1e-6)
