@@ -60,11 +60,15 @@ def _list_to_spec(values: Optional[List[float]]) -> Optional[QuantSpec]:
 
 
 _STREAMS: dict = {}
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 class _OnDevice:
-    """CuPy on the tensor's device and on torch's current stream there (an ExternalStream,
-    made once per stream), so cugru's launches queue behind torch's work with no sync."""
+    """CuPy on the tensor's device and on torch's current stream there (a CuPy stream made
+    once per torch stream), so cugru's launches queue behind torch's work with no sync; and
+    CuPy's allocations in the block come from torch's caching allocator (uint8 tensors), so
+    that torch accounts for cugru's memory and its results become tensors by a view of
+    that memory (`tensor`), with no exchange protocol and no stream handshake."""
 
     def __init__(self, device):
         from cukernels import runtime
@@ -72,99 +76,184 @@ class _OnDevice:
         if cp is None:
             raise RuntimeError("cugru.torch: CUDA tensors need CuPy (pip install "
                                "cupy-cuda12x or cupy-cuda13x)")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        ptr = torch.cuda.current_stream(index).cuda_stream
+        self.index = index = device.index if device.index is not None else \
+            torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        current = torch.cuda.current_stream(index)
+        ptr = current.cuda_stream
         stream = _STREAMS.get((index, ptr))
         if stream is None:
-            stream = _STREAMS[index, ptr] = cp.cuda.ExternalStream(ptr, index)
+            try:        # (the CUDA stream protocol, where CuPy and torch both have it)
+                stream = cp.cuda.Stream.from_external(current)
+            except (AttributeError, TypeError, ValueError):
+                stream = cp.cuda.ExternalStream(ptr, index)
+            _STREAMS[index, ptr] = stream
         self._dev, self._stream = cp.cuda.Device(index), stream
+        self._owners = {}
+        self._alloc = cp.cuda.using_allocator(self._allocate)
+
+    def _allocate(self, size):
+        t = torch.empty(size, dtype=torch.uint8, device=self.device)
+        ptr = t.data_ptr()
+        self._owners[ptr] = t
+        cp = self.cp
+        return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, size, t, self.index), 0)
 
     def __enter__(self):
         self._dev.__enter__()
+        # (the launches go through the driver API, which needs the device's context current
+        # on this thread: autograd runs backward on a thread of its own, where no CUDA call
+        # may have made it current yet)
+        self.cp.cuda.runtime.setDevice(self.index)
         self._stream.__enter__()
+        self._alloc.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._alloc.__exit__(*exc)
         self._stream.__exit__(*exc)
         self._dev.__exit__(*exc)
         return False
 
     def arr(self, t):
-        return None if t is None else self.cp.from_dlpack(t.detach())
+        """A contiguous CUDA tensor as a cupy array on its memory (no copy; the array keeps
+        the tensor alive). Built from its address: DLPack's export costs the host several
+        times more (it queries torch's streams on every call)."""
+        if t is None:
+            return None
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(t.data_ptr(), t.nbytes, t, self.index)
+        return cp.ndarray(tuple(t.shape), _NP.get(t.dtype) or np.int64,
+                          cp.cuda.MemoryPointer(mem, 0))
+
+    def tensor(self, a):
+        """A C-contiguous cupy array made in this block as a tensor: a view of the torch
+        memory it lies in (DLPack for one made elsewhere)."""
+        if a is None:
+            return None
+        base = a.data.mem.ptr
+        owner = self._owners.get(base)
+        if owner is None or not a.flags.c_contiguous:
+            return torch.from_dlpack(a)
+        start = a.data.ptr - base
+        return owner[start:start + a.nbytes].view(_TORCH[a.dtype.char]).view(a.shape)
+
+
+_TORCH = {"f": torch.float32, "d": torch.float64}
 
 
 def _tensor(a):
-    """A cupy or numpy array as a tensor, sharing its memory."""
-    if a is None:
-        return None
-    return torch.from_numpy(a) if isinstance(a, np.ndarray) else torch.from_dlpack(a)
+    """A numpy array as a tensor, sharing its memory."""
+    return None if a is None else torch.from_numpy(a)
 
 
 def _lengths(lengths: Optional[Tensor]):
     return None if lengths is None else lengths.detach().cpu().numpy()
 
 
-def _layer_forward(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
+def _host(t):
+    return None if t is None else t.detach().numpy()
+
+
+def _stacked(xp, weights, D, kinds=4):
+    """The first `kinds` of the layer's (w_ih, w_hh, b_ih, b_hh) in cugru's form from the
+    parameters (w_ih, w_hh, b_ih, b_hh of each direction in turn): one direction as given
+    (cugru takes weights without the direction axis), two stacked (copies)."""
+    if D == 1:
+        return list(weights[:kinds])
+    return [xp.stack((weights[k], weights[4 + k])) for k in range(kinds)]
+
+
+def _unstacked(grads, D):
+    """The weight gradients per parameter, in the parameters' order (see _stacked)."""
+    if D == 1:
+        return list(grads)
+    return [g[d] for d in range(2) for g in grads]
+
+
+def _layer_forward(x, h0, weights, lengths, bidirectional, training, quant):
     """One layer's forward pass on tensors: (y, h_n, hs, gates, x_q, w_ih_q, w_hh_q); the
     history (hs, gates) and the quantized operands are empty tensors where the pass keeps
     none (x_q also where x is not quantized: the backward pass then takes x itself)."""
     spec = _list_to_spec(quant)
+    D = 2 if bidirectional else 1
     kw = dict(bidirectional=bidirectional, training=training, quant=spec,
               lengths=_lengths(lengths))
     if x.is_cuda:
         with _OnDevice(x.device) as on:
-            y, h_n, saved = gru_forward(on.arr(x), on.arr(h0), on.arr(w_ih), on.arr(w_hh),
-                                        on.arr(b_ih), on.arr(b_hh), **kw)
-    else:
-        n = lambda t: None if t is None else t.detach().numpy()  # noqa: E731
-        y, h_n, saved = oracle.gru_forward(n(x), n(h0), n(w_ih), n(w_hh), n(b_ih), n(b_hh),
-                                           **kw)
+            w = _stacked(on.cp, [on.arr(t) for t in weights], D)
+            return _forward_results(x, spec, on.tensor,
+                                    *gru_forward(on.arr(x), on.arr(h0), *w, **kw))
+    w = _stacked(np, [_host(t) for t in weights], D)
+    return _forward_results(x, spec, _tensor,
+                            *oracle.gru_forward(_host(x), _host(h0), *w, **kw))
+
+
+def _forward_results(x, spec, tensor, y, h_n, saved):
+    """_layer_forward's results as tensors (`tensor` converts an array)."""
     none = lambda: x.new_empty(0)  # noqa: E731  (outputs must not alias each other)
     if saved is None:
-        return (_tensor(y), _tensor(h_n)) + tuple(none() for _ in range(5))
-    hist = (_tensor(y), _tensor(h_n), _tensor(saved.hs), _tensor(saved.gates))
+        return (tensor(y), tensor(h_n)) + tuple(none() for _ in range(5))
+    hist = (tensor(y), tensor(h_n), tensor(saved.hs), tensor(saved.gates))
     if spec is None:
         return hist + (none(), none(), none())
-    x_q = _tensor(saved.x) if spec.x_qparams is not None else none()
-    return hist + (x_q, _tensor(saved.w_ih), _tensor(saved.w_hh))
+    x_q = tensor(saved.x) if spec.x_qparams is not None else none()
+    return hist + (x_q, tensor(saved.w_ih), tensor(saved.w_hh))
 
 
-def _layer_backward(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths, quant):
-    """One layer's backward pass from what _layer_forward kept: (dx, dh0, dw_ih, dw_hh,
-    db_ih, db_hh)."""
+def _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real,
+                    lengths, bidirectional, quant, apart=False):
+    """One layer's backward pass from what _layer_forward kept, with the parameters as given
+    (their quantized copies w_ih_q, w_hh_q for a quantization-aware pass): [dx, dh0, then
+    the parameters' gradients in their order]. The weight gradients lie in one allocation;
+    `apart`: each tensor gets a storage of its own (the registered operator's results may
+    not alias each other)."""
     spec = _list_to_spec(quant)
-    T, B, _ = x.shape
+    D = 2 if bidirectional else 1
     if x.is_cuda:
         with _OnDevice(x.device) as on:
-            cp = on.cp
-            saved = GruSaved(on.arr(x), on.arr(w_ih), on.arr(w_hh), on.arr(hs), on.arr(gates),
-                             False, spec, on.arr(x_real), on.arr(h0_real),
-                             _args.check_lengths(_lengths(lengths), T, B, cp))
-            grads = gru_backward(on.arr(dy), on.arr(dh_n), saved)
+            return _backward_with(on.cp, on.arr, torch.from_dlpack if apart else on.tensor,
+                                  dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real,
+                                  h0_real, lengths, D, spec)
+    return _backward_with(np, _host, _tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates,
+                          x_real, h0_real, lengths, D, spec)
+
+
+def _backward_with(xp, arr, tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real,
+                   h0_real, lengths, D, spec):
+    """_layer_backward on the arrays `arr` makes of the tensors (numpy or cupy: `xp`), the
+    results made tensors by `tensor`."""
+    T, B, _ = x.shape
+    if spec is None:
+        w_ih, w_hh = _stacked(xp, [arr(t) for t in weights], D, kinds=2)
     else:
-        n = lambda t: None if t is None else t.detach().numpy()  # noqa: E731
-        saved = GruSaved(n(x), n(w_ih), n(w_hh), n(hs), n(gates), False, spec, n(x_real),
-                         n(h0_real), _args.check_lengths(_lengths(lengths), T, B, np))
-        grads = oracle.gru_backward(n(dy), n(dh_n), saved)
-    return tuple(_tensor(g) for g in grads)
+        w_ih, w_hh = arr(w_ih_q), arr(w_hh_q)
+    # (the history keeps the weights with their direction axis; D = 1 gives gradients
+    # without it, as the parameters are)
+    saved = GruSaved(arr(x), w_ih.reshape(D, *w_ih.shape[-2:]),
+                     w_hh.reshape(D, *w_hh.shape[-2:]), arr(hs), arr(gates), D == 1, spec,
+                     arr(x_real), arr(h0_real), _args.check_lengths(_lengths(lengths), T, B, xp))
+    run = gru_backward if xp is not np else oracle.gru_backward
+    dx, dh0, *dw = run(arr(dy), arr(dh_n), saved)
+    return [tensor(dx), tensor(dh0)] + [tensor(g) for g in _unstacked(dw, D)]
 
 
 # ------------------------------------------------------------ the registered operator
 @torch.library.custom_op("cugru::gru_layer", mutates_args=())
-def gru_layer(x: Tensor, h0: Optional[Tensor], w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
-              b_hh: Tensor, lengths: Optional[Tensor], bidirectional: bool, training: bool,
+def gru_layer(x: Tensor, h0: Optional[Tensor], weights: List[Tensor],
+              lengths: Optional[Tensor], bidirectional: bool, training: bool,
               quant: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                      Tensor, Tensor]:
-    """One GRU layer: x (T, B, I), h0 (D, B, H) or None, weights (D, 3H, I), (D, 3H, H),
-    biases (D, 3H); returns y, h_n and what the backward pass needs (see _layer_forward)."""
-    return _layer_forward(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training,
-                          quant)
+    """One GRU layer: x (T, B, I), h0 (D, B, H) or None, `weights` the parameters w_ih
+    (3H, I), w_hh (3H, H), b_ih, b_hh (3H) of each direction in turn; returns y, h_n and
+    what the backward pass needs (see _layer_forward)."""
+    return _layer_forward(x, h0, weights, lengths, bidirectional, training, quant)
 
 
 @gru_layer.register_fake
-def _(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
+def _(x, h0, weights, lengths, bidirectional, training, quant):
     T, B, I = x.shape
-    D, _, H = w_hh.shape
+    D, H = 2 if bidirectional else 1, weights[1].shape[1]
     none = lambda: x.new_empty(0)  # noqa: E731
     y, h_n = x.new_empty(T, B, D * H), x.new_empty(D, B, H)
     if not training:
@@ -174,60 +263,67 @@ def _(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
     if spec is None:
         return hist + (none(), none(), none())
     x_q = x.new_empty(T, B, I) if spec.x_qparams is not None else none()
-    return hist + (x_q, w_ih.new_empty(w_ih.shape), w_hh.new_empty(w_hh.shape))
+    return hist + (x_q, x.new_empty(D, 3 * H, I), x.new_empty(D, 3 * H, H))
 
 
 @torch.library.custom_op("cugru::gru_layer_backward", mutates_args=())
-def gru_layer_backward(dy: Tensor, dh_n: Optional[Tensor], x: Tensor, w_ih: Tensor,
-                       w_hh: Tensor, hs: Tensor, gates: Tensor, x_real: Optional[Tensor],
-                       h0_real: Optional[Tensor], lengths: Optional[Tensor],
-                       quant: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor,
-                                                              Tensor, Tensor]:
-    """The gradients of gru_layer: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
-    return _layer_backward(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths,
-                           quant)
+def gru_layer_backward(dy: Tensor, dh_n: Optional[Tensor], x: Tensor, weights: List[Tensor],
+                       w_ih_q: Tensor, w_hh_q: Tensor, hs: Tensor, gates: Tensor,
+                       x_real: Optional[Tensor], h0_real: Optional[Tensor],
+                       lengths: Optional[Tensor], bidirectional: bool,
+                       quant: Optional[List[float]]) -> List[Tensor]:
+    """The gradients of gru_layer: [dx, dh0, then one per parameter of `weights`]."""
+    return _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real,
+                           lengths, bidirectional, quant, apart=True)
 
 
 @gru_layer_backward.register_fake
-def _(dy, dh_n, x, w_ih, w_hh, hs, gates, x_real, h0_real, lengths, quant):
-    D, G, H = w_hh.shape
-    return (x.new_empty(x.shape), x.new_empty(D, x.shape[1], H), w_ih.new_empty(w_ih.shape),
-            w_hh.new_empty(w_hh.shape), x.new_empty(D, G), x.new_empty(D, G))
+def _(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths,
+      bidirectional, quant):
+    D, H = 2 if bidirectional else 1, weights[1].shape[1]
+    return [x.new_empty(x.shape), x.new_empty(D, x.shape[1], H)] + \
+        [w.new_empty(w.shape) for w in weights]
 
 
-def _saved(inputs, output):
-    """What the backward pass keeps: (x, w_ih, w_hh as the pass used them, hs, gates, x and
-    h0 as given for a quantization-aware pass (else None), lengths)."""
-    x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant = inputs
+def _saved(x, h0, weights, lengths, quant, output):
+    """What the backward pass keeps: x as the pass used it, the parameters, their quantized
+    copies (or empty tensors), hs, gates, x and h0 as given for a quantization-aware pass
+    (else None), lengths."""
     y, h_n, hs, gates, x_q, w_ih_q, w_hh_q = output
     if quant is None:
-        return (x, w_ih, w_hh, hs, gates, None, None, lengths)
-    return (x_q if x_q.numel() else x, w_ih_q, w_hh_q, hs, gates, x, h0, lengths)
+        return (x, w_ih_q, w_hh_q, hs, gates, None, None, lengths, *weights)
+    return (x_q if x_q.numel() else x, w_ih_q, w_hh_q, hs, gates, x, h0, lengths, *weights)
 
 
-def _grads(ctx, dy, dh_n):
-    """gru_layer's input gradients from ctx (_setup) and the gradients of y and h_n."""
-    saved = ctx.saved_tensors
-    x = saved[0]
+def _grads(ctx, dy, dh_n, backward):
+    """(dx, dh0 or None, [the parameters' gradients]) from ctx and the gradients of y, h_n."""
+    x, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths, *weights = ctx.saved_tensors
     if dy is None:
         dy = x.new_zeros(ctx.y_shape)
-    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = ctx.backward_op(
-        dy.contiguous(), None if dh_n is None else dh_n.contiguous(), *saved, ctx.quant)
-    return (dx, dh0 if ctx.has_h0 else None, dw_ih, dw_hh, db_ih, db_hh,
-            None, None, None, None)
+    dx, dh0, *dw = backward(dy.contiguous(), None if dh_n is None else dh_n.contiguous(), x,
+                            weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths,
+                            ctx.bidirectional, ctx.quant)
+    return dx, dh0 if ctx.has_h0 else None, dw
+
+
+def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output):
+    ctx.save_for_backward(*_saved(x, h0, weights, lengths, quant, output))
+    ctx.quant, ctx.bidirectional = quant, bidirectional
+    ctx.has_h0, ctx.y_shape = h0 is not None, output[0].shape
+    ctx.mark_non_differentiable(*output[2:])
+    # (an output without a gradient comes to backward as None, not as zeros filled for it:
+    # the history's would be the size of the history)
+    ctx.set_materialize_grads(False)
 
 
 def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*_saved(inputs, output))
-    ctx.quant = inputs[9]
-    ctx.has_h0 = inputs[1] is not None
-    ctx.y_shape = output[0].shape
-    ctx.backward_op = gru_layer_backward
-    ctx.mark_non_differentiable(*output[2:])
+    x, h0, weights, lengths, bidirectional, training, quant = inputs
+    _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output)
 
 
 def _backward(ctx, dy, dh_n, *history):
-    return _grads(ctx, dy, dh_n)
+    dx, dh0, dw = _grads(ctx, dy, dh_n, gru_layer_backward)
+    return dx, dh0, dw, None, None, None, None
 
 
 gru_layer.register_autograd(_backward, setup_context=_setup)
@@ -235,33 +331,30 @@ gru_layer.register_autograd(_backward, setup_context=_setup)
 
 class _EagerLayer(torch.autograd.Function):
     """gru_layer's autograd through torch.autograd.Function: the same functions, with less
-    host work per call than the registered operator's dispatch (eager mode)."""
+    host work per call than the registered operator's dispatch (eager mode). The parameters
+    come last, one argument each (a Function tracks tensors passed as arguments only)."""
 
     @staticmethod
-    def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant):
-        inputs = (x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, quant)
-        output = _layer_forward(*inputs)
-        ctx.save_for_backward(*_saved(inputs, output))
-        ctx.quant, ctx.has_h0, ctx.y_shape = quant, h0 is not None, output[0].shape
-        ctx.backward_op = _layer_backward
-        ctx.mark_non_differentiable(*output[2:])
+    def forward(ctx, x, h0, lengths, bidirectional, training, quant, *weights):
+        output = _layer_forward(x, h0, weights, lengths, bidirectional, training, quant)
+        _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output)
         return output
 
     @staticmethod
     def backward(ctx, dy, dh_n, *history):
-        return _grads(ctx, dy, dh_n)
+        dx, dh0, dw = _grads(ctx, dy, dh_n, _layer_backward)
+        return (dx, dh0, None, None, None, None, *dw)
 
 
-def layer(x, h0, w_ih, w_hh, b_ih, b_hh, lengths=None, bidirectional=False, training=True,
-          quant=None):
-    """(y, h_n) of one layer, differentiable: the registered operator under torch.compile,
-    the eager Function otherwise."""
+def layer(x, h0, weights, lengths=None, bidirectional=False, training=True, quant=None):
+    """(y, h_n) of one layer, differentiable: `weights` the parameters (w_ih, w_hh, b_ih,
+    b_hh of each direction in turn); the registered operator under torch.compile, the eager
+    Function otherwise."""
     q = _spec_to_list(quant)
     if torch.compiler.is_compiling():
-        out = gru_layer(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional, training, q)
+        out = gru_layer(x, h0, list(weights), lengths, bidirectional, training, q)
     else:
-        out = _EagerLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, bidirectional,
-                                training, q)
+        out = _EagerLayer.apply(x, h0, lengths, bidirectional, training, q, *weights)
     return out[0], out[1]
 
 
@@ -323,16 +416,16 @@ class GRU(nn.Module):
         return s
 
     def _layer_weights(self, k, D):
-        """Layer k's (w_ih, w_hh, b_ih, b_hh) with the direction axis (a view for one
-        direction, stacked for two)."""
+        """Layer k's parameters, w_ih, w_hh, b_ih, b_hh of each direction in turn (zeros
+        for the biases with bias=False)."""
         out = []
-        for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-            ws = [getattr(self, f"{kind}_l{k}{sfx}", None) for sfx in ("", "_reverse")[:D]]
-            if ws[0] is None:      # bias=False: zeros, no parameter
-                ref = getattr(self, f"weight_hh_l{k}")
-                out.append(ref.new_zeros(D, ref.shape[0]))
+        for sfx in ("", "_reverse")[:D]:
+            w_hh = getattr(self, f"weight_hh_l{k}{sfx}")
+            out += [getattr(self, f"weight_ih_l{k}{sfx}"), w_hh]
+            if self.bias:
+                out += [getattr(self, f"bias_ih_l{k}{sfx}"), getattr(self, f"bias_hh_l{k}{sfx}")]
             else:
-                out.append(ws[0].unsqueeze(0) if D == 1 else torch.stack(ws))
+                out += [w_hh.new_zeros(w_hh.shape[0]), w_hh.new_zeros(w_hh.shape[0])]
         return out
 
     def forward(self, input, hx=None):
@@ -372,7 +465,7 @@ class GRU(nn.Module):
         h_n = []
         for k in range(L):
             h0 = None if hx is None else hx[k].contiguous()
-            y, hk = layer(layer_in, h0, *self._layer_weights(k, D), lengths, D == 2, grad,
+            y, hk = layer(layer_in, h0, self._layer_weights(k, D), lengths, D == 2, grad,
                           self.quant)
             h_n.append(hk)
             if self.dropout and self.training and k < L - 1:

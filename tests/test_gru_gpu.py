@@ -33,7 +33,8 @@ def run(p, fn=cugru, dh_n=True, path=None):
 
 
 def cast(p, dtype):
-    return {k: v.astype(dtype) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+    return {k: v.astype(dtype) if isinstance(v, np.ndarray) and k != "lengths" else v
+            for k, v in p.items()}
 
 
 def max_err(a, ref):

@@ -1,6 +1,8 @@
 """cukernels.multi: the updates over lists of tensors do what the single-tensor updates do on
 each tensor, bit for bit (numpy lists here; cupy lists, one launch, in the GPU tests below),
 and its table sends every element to exactly one thread."""
+import os
+
 import numpy as np
 import pytest
 
@@ -150,8 +152,11 @@ def test_the_package_exports_the_list_forms():
 
 
 # ---------------------------------------------------------------------- on the GPU
+QUICK = bool(os.environ.get("CK_QUICK"))   # under compute-sanitizer: one chunk size
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("chunk", [multi.CHUNK, 4 * multi.CHUNK])
+@pytest.mark.parametrize("chunk", [multi.CHUNK] if QUICK else [multi.CHUNK, 4 * multi.CHUNK])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", UPDATES, ids=lambda c: c.name)
 def test_one_launch_is_the_single_kernels_bit_for_bit(cp, rng, monkeypatch, case, dtype,

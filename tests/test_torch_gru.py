@@ -141,13 +141,16 @@ def test_the_operator_is_registered_with_its_shapes_for_tracing():
     """torch.library's own check of the operator (schema, fake tensors, autograd)."""
     from cugru.torch import _spec_to_list
     x = torch.randn(4, 3, 5, dtype=torch.float64, requires_grad=True)
-    ws = [torch.randn(s, dtype=torch.float64, requires_grad=True)
-          for s in ((2, 21, 5), (2, 21, 7), (2, 21), (2, 21))]
     h0 = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
     spec = _spec_to_list(QuantSpec(8, (1 / 64, 0, -128, 127), None, True))
-    for quant in (None, spec):
-        torch.library.opcheck(torch.ops.cugru.gru_layer.default,
-                              (x, h0, *ws, torch.tensor([4, 2, 3]), True, True, quant))
+    for bi in (False, True):
+        ws = [torch.randn(s, dtype=torch.float64, requires_grad=True)
+              for s in ((21, 5), (21, 7), (21,), (21,)) * (2 if bi else 1)]
+        h = h0 if bi else h0[:1]
+        for quant in (None, spec):
+            for lengths in (None, torch.tensor([4, 2, 3])):
+                torch.library.opcheck(torch.ops.cugru.gru_layer.default,
+                                      (x, h, ws, lengths, bi, True, quant))
 
 
 def test_torch_compile_traces_it_without_a_graph_break():
@@ -235,12 +238,15 @@ def test_runs_on_torch_s_current_stream_and_repeats_its_bits():
     x = torch.randn(9, 4, 16, device="cuda")
     s = torch.cuda.Stream()
     outs = []
+    # (the parameters' gradient accumulators stay on the stream of their first use)
+    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
     for stream in (torch.cuda.current_stream(), s, s):
         with torch.cuda.stream(stream):
             y, hn = gru(x)
             y.sum().backward()
-            outs.append((y.clone(), [p.grad.clone() for p in gru.parameters()]))
+            outs.append((y.detach().clone(), [p.grad.clone() for p in gru.parameters()]))
             gru.zero_grad()
+    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(True)
     torch.cuda.synchronize()
     for y, g in outs[1:]:
         assert torch.equal(y, outs[0][0]) and all(torch.equal(a, b) for a, b in zip(g, outs[0][1]))
@@ -261,3 +267,24 @@ def test_torch_compile_on_the_gpu():
     f(x).backward()
     for a, b in zip(got, gru.parameters()):
         torch.testing.assert_close(a, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_under_distributed_data_parallel(tmp_path):
+    """DistributedDataParallel (one process, gloo) wraps it and reduces its gradients: the
+    same gradients as the module alone."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        gru = GRU(5, 7, num_layers=2, bidirectional=True, dtype=torch.float64)
+        alone = GRU(5, 7, num_layers=2, bidirectional=True, dtype=torch.float64)
+        alone.load_state_dict(gru.state_dict())
+        ddp = DistributedDataParallel(gru)
+        x = torch.randn(6, 4, 5, dtype=torch.float64)
+        ddp(x)[0].square().sum().backward()
+        alone(x)[0].square().sum().backward()
+        for a, b in zip(gru.parameters(), alone.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
