@@ -35,6 +35,17 @@ def _copy(per, to=np.array):
     return [[to(a) for a in arrays] for arrays in per]
 
 
+def _step(case, fn, tl, single, listed, prepared, scalars, kw):
+    """One update of every tensor three ways: the single-tensor function on each, the list
+    function, and TensorLists; the two list forms must give the single ones' bits."""
+    for arrays in single:
+        case.fn(*arrays, *scalars, **kw)
+    fn(*[list(a) for a in zip(*listed)], *scalars, **kw)
+    getattr(tl, _base(case))(*scalars, **kw)
+    _assert_same_bits(listed, single)
+    _assert_same_bits(prepared, single)
+
+
 def _assert_same_bits(got, want):
     for i, (g, w) in enumerate(zip(got, want)):
         for j, (a, b) in enumerate(zip(g, w)):
@@ -55,12 +66,7 @@ def test_lists_on_the_cpu_are_the_single_updates_tensor_by_tensor(rng, case, dty
     for step in (1, 2, 3):
         if "t" in kw:
             kw = {**kw, "t": step}
-        for arrays in single:
-            case.fn(*arrays, *scalars, **kw)
-        fn(*[list(a) for a in zip(*listed)], *scalars, **kw)
-        getattr(tl, _base(case))(*scalars, **kw)
-        _assert_same_bits(listed, single)
-        _assert_same_bits(prepared, single)
+        _step(case, fn, tl, single, listed, prepared, scalars, kw)
         assert not any(a[0].any() for a in listed), "every delta is zeroed"
 
 
@@ -187,12 +193,7 @@ def test_one_launch_is_the_single_kernels_bit_for_bit(cp, rng, monkeypatch, case
         for group in (single, listed, prepared):
             for arrays, d in zip(group, D):
                 arrays[0][...] = cp.asarray(d)
-        for arrays in single:
-            case.fn(*arrays, *scalars, **kw)
-        fn(*[list(a) for a in zip(*listed)], *scalars, **kw)
-        getattr(tl, _base(case))(*scalars, **kw)
-        _assert_same_bits(listed, single)
-        _assert_same_bits(prepared, single)
+        _step(case, fn, tl, single, listed, prepared, scalars, kw)
         assert all(int(cp.count_nonzero(a[0])) == 0 for a in listed)
 
 

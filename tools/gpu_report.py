@@ -259,17 +259,8 @@ def main(argv=None) -> int:
         if os.path.exists(md):
             os.remove(md)
         # the updates over lists of tensors against torch's fused Adam and per-tensor calls
-        multi = os.path.join(out, "multi.json")
-        rc, secs = sh([py, "-m", "bench.multi", "--json", multi],
-                      os.path.join(out, "bench-log.txt"), timeout=300)
-        lines += ["", "### Updates over lists of tensors (bench/multi.py)", ""]
-        if rc == 0 and os.path.exists(multi):
-            sys.path.insert(0, ROOT)
-            from bench import multi as multi_bench
-            lines += multi_bench.markdown(json.load(open(multi)))
-            os.remove(multi)
-        else:
-            lines.append(f"List-update benchmark failed (exit {rc}); see bench-log.txt")
+        lines += json_bench(py, out, "multi", "bench-log.txt", 300,
+                            "Updates over lists of tensors")
         write(out, "bench", lines)
 
     if "gru" not in skip:
@@ -318,17 +309,8 @@ def main(argv=None) -> int:
         else:
             lines.append(f"QAT benchmark failed (exit {rc}); see gru-log.txt")
         # the torch drop-in against nn.GRU, its own cost, and variable lengths
-        tg = os.path.join(out, "torch_gru.json")
-        rc, secs = sh([py, "-m", "bench.torch_gru", "--json", tg],
-                      os.path.join(out, "gru-log.txt"), timeout=400)
-        lines += ["", "### cugru.torch.GRU and variable lengths (bench/torch_gru.py)", ""]
-        if rc == 0 and os.path.exists(tg):
-            sys.path.insert(0, ROOT)
-            from bench import torch_gru as torch_bench
-            lines += torch_bench.markdown(json.load(open(tg)))
-            os.remove(tg)
-        else:
-            lines.append(f"torch drop-in benchmark failed (exit {rc}); see gru-log.txt")
+        lines += json_bench(py, out, "torch_gru", "gru-log.txt", 400,
+                            "cugru.torch.GRU and variable lengths")
         write(out, "gru", lines)
 
     if "main" not in skip:
@@ -467,6 +449,22 @@ def before(py, tree, label, out):
             lines += calls.markdown(median_rows(runs["this"]), median_rows(runs["base"]), label)
         else:
             lines.append(f"- The call costs failed (exit {rc}); see before-log.txt")
+    return lines
+
+
+def json_bench(py, out, name, log, timeout, title):
+    """A section's lines for bench/<name>.py: run with --json (its output into `log`), then
+    its own markdown of the JSON, under `title`."""
+    import importlib
+    path = os.path.join(out, f"{name}.json")
+    rc, _ = sh([py, "-m", f"bench.{name}", "--json", path], os.path.join(out, log),
+               timeout=timeout)
+    lines = ["", f"### {title} (bench/{name}.py)", ""]
+    if rc != 0 or not os.path.exists(path):
+        return lines + [f"bench/{name}.py failed (exit {rc}); see {log}"]
+    sys.path.insert(0, ROOT)
+    lines += importlib.import_module(f"bench.{name}").markdown(json.load(open(path)))
+    os.remove(path)
     return lines
 
 
