@@ -311,7 +311,8 @@ def test_backward_may_take_another_scope(cp, rng, monkeypatch):
         plans.tile_split(64, 256, 1, tile, tile[2], 4) for tile in plans.TILES[4]
         if tile[0] == 0) if p is not None][0]
     monkeypatch.setattr(_plan, "choose",
-                        lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False:
+                        lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False,
+                        lengths=False:
                         grid if backward else fwd)
     p = problem(rng, 5, 64, 4, 256, False)
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
@@ -327,7 +328,8 @@ def test_small_path_pairs_with_the_other_plans(cp, rng, monkeypatch, other, smal
     plan = {"steps": plans.STEPS, "fast": plans.fast_plan(3, 7, 2, np.float64)}[other]
     pair = (plans.SMALL, plan) if small_first else (plan, plans.SMALL)
     monkeypatch.setattr(_plan, "choose",
-                        lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False:
+                        lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False,
+                        lengths=False:
                         pair[backward])
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, p))], p, np.float64)
 
