@@ -7,8 +7,9 @@
 initialisation), so state dicts move both ways, and its ``forward(input, hx=None)``: a
 Tensor (T, B, I), (B, T, I) with batch_first, or (T, I) unbatched, or a PackedSequence, in;
 the same kind out, with h_n. CUDA tensors run cugru's kernels on torch's current stream,
-sharing memory through DLPack (no copy); CPU tensors run the numpy oracle (so
-torch.autograd.gradcheck runs in float64 on the CPU). float32 and float64.
+on the tensors' own memory (no copy), and what cugru allocates in a call comes from torch's
+caching allocator; CPU tensors run the numpy oracle (so torch.autograd.gradcheck runs in
+float64 on the CPU). float32 and float64.
 
 Each layer is one call of the operator ``torch.ops.cugru.gru_layer`` (its backward
 ``torch.ops.cugru.gru_layer_backward``), registered with torch.library with its autograd
@@ -121,22 +122,28 @@ class _OnDevice:
         times more (it queries torch's streams on every call)."""
         if t is None:
             return None
+        if not t.is_cuda or t.device.index != self.index or not t.is_contiguous():
+            raise ValueError(f"cugru.torch: a tensor on {t.device} (contiguous: "
+                             f"{t.is_contiguous()}) where a contiguous tensor on cuda:"
+                             f"{self.index} is needed")
         cp = self.cp
         mem = cp.cuda.UnownedMemory(t.data_ptr(), t.nbytes, t, self.index)
         return cp.ndarray(tuple(t.shape), _NP.get(t.dtype) or np.int64,
                           cp.cuda.MemoryPointer(mem, 0))
 
     def tensor(self, a):
-        """A C-contiguous cupy array made in this block as a tensor: a view of the torch
-        memory it lies in (DLPack for one made elsewhere)."""
+        """A C-contiguous cupy array made in this block as a tensor on the torch memory it
+        lies in (DLPack for one made elsewhere). Set on that storage, not a view of the
+        allocation's tensor: a user may change a result in place (y += skip, h_n.detach_()),
+        which torch refuses for a view that an autograd Function returns."""
         if a is None:
             return None
         base = a.data.mem.ptr
         owner = self._owners.get(base)
         if owner is None or not a.flags.c_contiguous:
             return torch.from_dlpack(a)
-        start = a.data.ptr - base
-        return owner[start:start + a.nbytes].view(_TORCH[a.dtype.char]).view(a.shape)
+        t = torch.empty(0, dtype=_TORCH[a.dtype.char], device=self.device)
+        return t.set_(owner.untyped_storage(), (a.data.ptr - base) // a.itemsize, a.shape)
 
 
 _TORCH = {"f": torch.float32, "d": torch.float64}
@@ -171,14 +178,14 @@ def _unstacked(grads, D):
     return [g[d] for d in range(2) for g in grads]
 
 
-def _layer_forward(x, h0, weights, lengths, bidirectional, training, quant):
+def _layer_forward(x, h0, weights, lengths, bidirectional, training, quant, path="auto"):
     """One layer's forward pass on tensors: (y, h_n, hs, gates, x_q, w_ih_q, w_hh_q); the
     history (hs, gates) and the quantized operands are empty tensors where the pass keeps
     none (x_q also where x is not quantized: the backward pass then takes x itself)."""
     spec = _list_to_spec(quant)
     D = 2 if bidirectional else 1
     kw = dict(bidirectional=bidirectional, training=training, quant=spec,
-              lengths=_lengths(lengths))
+              lengths=_lengths(lengths), path=path)
     if x.is_cuda:
         with _OnDevice(x.device) as on:
             w = _stacked(on.cp, [on.arr(t) for t in weights], D)
@@ -202,7 +209,7 @@ def _forward_results(x, spec, tensor, y, h_n, saved):
 
 
 def _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real,
-                    lengths, bidirectional, quant, apart=False):
+                    lengths, bidirectional, quant, path="auto", apart=False):
     """One layer's backward pass from what _layer_forward kept, with the parameters as given
     (their quantized copies w_ih_q, w_hh_q for a quantization-aware pass): [dx, dh0, then
     the parameters' gradients in their order]. The weight gradients lie in one allocation;
@@ -214,13 +221,13 @@ def _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_
         with _OnDevice(x.device) as on:
             return _backward_with(on.cp, on.arr, torch.from_dlpack if apart else on.tensor,
                                   dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real,
-                                  h0_real, lengths, D, spec)
+                                  h0_real, lengths, D, spec, path)
     return _backward_with(np, _host, _tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates,
-                          x_real, h0_real, lengths, D, spec)
+                          x_real, h0_real, lengths, D, spec, path)
 
 
 def _backward_with(xp, arr, tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real,
-                   h0_real, lengths, D, spec):
+                   h0_real, lengths, D, spec, path):
     """_layer_backward on the arrays `arr` makes of the tensors (numpy or cupy: `xp`), the
     results made tensors by `tensor`."""
     T, B, _ = x.shape
@@ -234,7 +241,7 @@ def _backward_with(xp, arr, tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, ga
                      w_hh.reshape(D, *w_hh.shape[-2:]), arr(hs), arr(gates), D == 1, spec,
                      arr(x_real), arr(h0_real), _args.check_lengths(_lengths(lengths), T, B, xp))
     run = gru_backward if xp is not np else oracle.gru_backward
-    dx, dh0, *dw = run(arr(dy), arr(dh_n), saved)
+    dx, dh0, *dw = run(arr(dy), arr(dh_n), saved, path=path)
     return [tensor(dx), tensor(dh0)] + [tensor(g) for g in _unstacked(dw, D)]
 
 
@@ -242,16 +249,16 @@ def _backward_with(xp, arr, tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, ga
 @torch.library.custom_op("cugru::gru_layer", mutates_args=())
 def gru_layer(x: Tensor, h0: Optional[Tensor], weights: List[Tensor],
               lengths: Optional[Tensor], bidirectional: bool, training: bool,
-              quant: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                     Tensor, Tensor]:
+              quant: Optional[List[float]], path: str) -> Tuple[Tensor, Tensor, Tensor, Tensor,
+                                                                Tensor, Tensor, Tensor]:
     """One GRU layer: x (T, B, I), h0 (D, B, H) or None, `weights` the parameters w_ih
     (3H, I), w_hh (3H, H), b_ih, b_hh (3H) of each direction in turn; returns y, h_n and
     what the backward pass needs (see _layer_forward)."""
-    return _layer_forward(x, h0, weights, lengths, bidirectional, training, quant)
+    return _layer_forward(x, h0, weights, lengths, bidirectional, training, quant, path)
 
 
 @gru_layer.register_fake
-def _(x, h0, weights, lengths, bidirectional, training, quant):
+def _(x, h0, weights, lengths, bidirectional, training, quant, path):
     T, B, I = x.shape
     D, H = 2 if bidirectional else 1, weights[1].shape[1]
     none = lambda: x.new_empty(0)  # noqa: E731
@@ -271,15 +278,15 @@ def gru_layer_backward(dy: Tensor, dh_n: Optional[Tensor], x: Tensor, weights: L
                        w_ih_q: Tensor, w_hh_q: Tensor, hs: Tensor, gates: Tensor,
                        x_real: Optional[Tensor], h0_real: Optional[Tensor],
                        lengths: Optional[Tensor], bidirectional: bool,
-                       quant: Optional[List[float]]) -> List[Tensor]:
+                       quant: Optional[List[float]], path: str) -> List[Tensor]:
     """The gradients of gru_layer: [dx, dh0, then one per parameter of `weights`]."""
     return _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real,
-                           lengths, bidirectional, quant, apart=True)
+                           lengths, bidirectional, quant, path, apart=True)
 
 
 @gru_layer_backward.register_fake
 def _(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths,
-      bidirectional, quant):
+      bidirectional, quant, path):
     D, H = 2 if bidirectional else 1, weights[1].shape[1]
     return [x.new_empty(x.shape), x.new_empty(D, x.shape[1], H)] + \
         [w.new_empty(w.shape) for w in weights]
@@ -302,13 +309,13 @@ def _grads(ctx, dy, dh_n, backward):
         dy = x.new_zeros(ctx.y_shape)
     dx, dh0, *dw = backward(dy.contiguous(), None if dh_n is None else dh_n.contiguous(), x,
                             weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths,
-                            ctx.bidirectional, ctx.quant)
+                            ctx.bidirectional, ctx.quant, ctx.path)
     return dx, dh0 if ctx.has_h0 else None, dw
 
 
-def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output):
+def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output):
     ctx.save_for_backward(*_saved(x, h0, weights, lengths, quant, output))
-    ctx.quant, ctx.bidirectional = quant, bidirectional
+    ctx.quant, ctx.bidirectional, ctx.path = quant, bidirectional, path
     ctx.has_h0, ctx.y_shape = h0 is not None, output[0].shape
     ctx.mark_non_differentiable(*output[2:])
     # (an output without a gradient comes to backward as None, not as zeros filled for it:
@@ -317,13 +324,13 @@ def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output):
 
 
 def _setup(ctx, inputs, output):
-    x, h0, weights, lengths, bidirectional, training, quant = inputs
-    _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output)
+    x, h0, weights, lengths, bidirectional, training, quant, path = inputs
+    _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output)
 
 
 def _backward(ctx, dy, dh_n, *history):
     dx, dh0, dw = _grads(ctx, dy, dh_n, gru_layer_backward)
-    return dx, dh0, dw, None, None, None, None
+    return dx, dh0, dw, None, None, None, None, None
 
 
 gru_layer.register_autograd(_backward, setup_context=_setup)
@@ -335,26 +342,27 @@ class _EagerLayer(torch.autograd.Function):
     come last, one argument each (a Function tracks tensors passed as arguments only)."""
 
     @staticmethod
-    def forward(ctx, x, h0, lengths, bidirectional, training, quant, *weights):
-        output = _layer_forward(x, h0, weights, lengths, bidirectional, training, quant)
-        _keep(ctx, x, h0, weights, lengths, bidirectional, quant, output)
+    def forward(ctx, x, h0, lengths, bidirectional, training, quant, path, *weights):
+        output = _layer_forward(x, h0, weights, lengths, bidirectional, training, quant, path)
+        _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output)
         return output
 
     @staticmethod
     def backward(ctx, dy, dh_n, *history):
         dx, dh0, dw = _grads(ctx, dy, dh_n, _layer_backward)
-        return (dx, dh0, None, None, None, None, *dw)
+        return (dx, dh0, None, None, None, None, None, *dw)
 
 
-def layer(x, h0, weights, lengths=None, bidirectional=False, training=True, quant=None):
+def layer(x, h0, weights, lengths=None, bidirectional=False, training=True, quant=None,
+          path="auto"):
     """(y, h_n) of one layer, differentiable: `weights` the parameters (w_ih, w_hh, b_ih,
-    b_hh of each direction in turn); the registered operator under torch.compile, the eager
-    Function otherwise."""
+    b_hh of each direction in turn); `path` cugru's plan; the registered operator under
+    torch.compile, the eager Function otherwise."""
     q = _spec_to_list(quant)
     if torch.compiler.is_compiling():
-        out = gru_layer(x, h0, list(weights), lengths, bidirectional, training, q)
+        out = gru_layer(x, h0, list(weights), lengths, bidirectional, training, q, path)
     else:
-        out = _EagerLayer.apply(x, h0, lengths, bidirectional, training, q, *weights)
+        out = _EagerLayer.apply(x, h0, lengths, bidirectional, training, q, path, *weights)
     return out[0], out[1]
 
 
@@ -417,13 +425,14 @@ class GRU(nn.Module):
 
     def _layer_weights(self, k, D):
         """Layer k's parameters, w_ih, w_hh, b_ih, b_hh of each direction in turn (zeros
-        for the biases with bias=False)."""
+        for the biases with bias=False), contiguous."""
         out = []
         for sfx in ("", "_reverse")[:D]:
-            w_hh = getattr(self, f"weight_hh_l{k}{sfx}")
-            out += [getattr(self, f"weight_ih_l{k}{sfx}"), w_hh]
+            w_hh = getattr(self, f"weight_hh_l{k}{sfx}").contiguous()
+            out += [getattr(self, f"weight_ih_l{k}{sfx}").contiguous(), w_hh]
             if self.bias:
-                out += [getattr(self, f"bias_ih_l{k}{sfx}"), getattr(self, f"bias_hh_l{k}{sfx}")]
+                out += [getattr(self, f"bias_ih_l{k}{sfx}").contiguous(),
+                        getattr(self, f"bias_hh_l{k}{sfx}").contiguous()]
             else:
                 out += [w_hh.new_zeros(w_hh.shape[0]), w_hh.new_zeros(w_hh.shape[0])]
         return out
@@ -453,20 +462,29 @@ class GRU(nn.Module):
             raise ValueError(f"input has {x.shape[-1]} features, expected input_size = "
                              f"{self.input_size}")
         B = x.shape[1]
+        for name, w in self.named_parameters():
+            if w.device != x.device or w.dtype != x.dtype:
+                raise ValueError(f"{name} is a {w.dtype} tensor on {w.device}, the input a "
+                                 f"{x.dtype} tensor on {x.device}; move the module to the "
+                                 "input's device and dtype (module.to(...))")
         if hx is not None:
             want = (L * D, B, H) if batched else (L * D, H)
             if tuple(hx.shape) != want:
                 raise ValueError(f"hx has shape {tuple(hx.shape)}, expected {want}")
+            if hx.device != x.device or hx.dtype != x.dtype:
+                raise ValueError(f"hx is a {hx.dtype} tensor on {hx.device}, the input a "
+                                 f"{x.dtype} tensor on {x.device}")
             hx = (hx if batched else hx.unsqueeze(1)).reshape(L, D, B, H)
         layer_in = x.contiguous()
         grad = torch.is_grad_enabled() and (
             layer_in.requires_grad or (hx is not None and hx.requires_grad)
             or any(p.requires_grad for p in self.parameters()))
+        weights = [self._layer_weights(k, D) for k in range(L)]
         h_n = []
         for k in range(L):
             h0 = None if hx is None else hx[k].contiguous()
-            y, hk = layer(layer_in, h0, self._layer_weights(k, D), lengths, D == 2, grad,
-                          self.quant)
+            y, hk = layer(layer_in, h0, weights[k], lengths, D == 2, grad, self.quant,
+                          self.path)
             h_n.append(hk)
             if self.dropout and self.training and k < L - 1:
                 y = nn.functional.dropout(y, self.dropout, training=True)

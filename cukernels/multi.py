@@ -67,8 +67,8 @@ def _sequences(named):
 def _plain(seqs, count):
     """The common GPU call, checked with the least host work: every array a C-contiguous
     cupy array of one float dtype, each the shape of its weights, none overlapping another.
-    Returns the table's key (dtype, then n and the four addresses per tensor), or None for
-    anything else (the general checks then decide, and word the errors)."""
+    Returns the table's key (dtype, device, then n and the addresses per tensor), or None
+    for anything else (the general checks then decide, and word the errors)."""
     nd = checks.gpu_flat_type()
     weights = seqs["weights"]
     if nd is None or type(weights[0]) is not nd:
@@ -77,7 +77,8 @@ def _plain(seqs, count):
     if dt not in checks.FLOAT_DTYPES:
         return None
     lists = list(seqs.values())
-    key = [dt]
+    device = runtime.cupy_module().cuda.runtime.getDevice()
+    key = [dt, device]
     spans = []
     for i in range(count):
         w = weights[i]
@@ -90,7 +91,10 @@ def _plain(seqs, count):
             if type(a) is not nd or a.dtype is not dt or a.shape != shape or \
                     not a._c_contiguous:
                 return None
-            p = a.data.ptr
+            mem = a.data
+            if mem.device_id != device:
+                return None
+            p = mem.ptr
             ptrs.append(p)
             spans.append((p, nbytes))
         key.append(w.size)
@@ -108,6 +112,12 @@ def _checked(seqs, count):
     named = {f"{name}[{i}]": seq[i] for name, seq in seqs.items() for i in range(count)}
     xp = checks.backend(**named)
     dt = checks.check_array("weights[0]", seqs["weights"][0], ndim=None)
+    if xp is not np:
+        device = runtime.cupy_module().cuda.runtime.getDevice()
+        for name, a in named.items():
+            if a.data.device_id != device:
+                raise ValueError(f"{name} is on device {a.data.device_id}, not on the current "
+                                 f"device {device}; the lists' arrays must all be there")
     for i in range(count):
         w = seqs["weights"][i]
         checks.check_array(f"weights[{i}]", w, ndim=None, dtype=dt, dtype_of="weights[0]")
@@ -119,7 +129,7 @@ def _checked(seqs, count):
 
 def _key(seqs, count, dt):
     """The table's key of checked cupy lists (as _plain makes it)."""
-    key = [dt]
+    key = [dt, runtime.cupy_module().cuda.runtime.getDevice()]
     lists = list(seqs.values())
     for i in range(count):
         key.append(seqs["weights"][i].size)
@@ -131,8 +141,11 @@ def _host_table(key, moments, chunk):
     """The bytes of the device table of the tensors in `key` (their n and the addresses of
     D, w and the moments: MT_FIELDS words per tensor) followed by the chunk-to-tensor map
     (an int32 per block); returns (bytes, the table's share of them, blocks)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 4 or chunk % 4:
+        raise ValueError(f"multi.CHUNK must be a positive multiple of 4 (16 bytes of float32, "
+                         f"so that each chunk keeps its tensor's alignment), got {chunk!r}")
     nlists = 2 + moments
-    rows = np.asarray(key[1:], dtype=np.int64).reshape(-1, 1 + nlists)
+    rows = np.asarray(key[2:], dtype=np.int64).reshape(-1, 1 + nlists)
     count = len(rows)
     n = rows[:, 0]
     blocks = -(-n // chunk)

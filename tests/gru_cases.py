@@ -13,10 +13,12 @@ NAMES = ("dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
 
 
 def random_lengths(rng, T, B):
-    """B lengths in 1..T, unsorted, with 1 and T among them where B > 1."""
+    """B lengths in 1..T, unsorted, with 1 and T among them where B > 1; one below T where
+    B = 1 (where T > 1), so that the lengths are used."""
+    if B == 1:
+        return np.array([rng.integers(1, T) if T > 1 else 1])
     lengths = rng.integers(1, T + 1, B)
-    if B > 1:
-        lengths[rng.permutation(B)[:2]] = (1, T)
+    lengths[rng.permutation(B)[:2]] = (1, T)
     return lengths
 
 

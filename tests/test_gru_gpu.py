@@ -350,6 +350,51 @@ _TILE_CASES = [(dt, tile) for dt in (np.float32, np.float64)
                for tile in plans.TILES[np.dtype(dt).itemsize]]
 
 
+def _tile_plan(cp, dtype, tile, B, H, rows, qat=False, lengths=False):
+    """The tile's plan for both directions; at grid scope with its slots, None where a
+    group's blocks (both directions) do not fit the GPU at once."""
+    plan = plans.tile_split(B, H, 2, tile, rows, np.dtype(dtype).itemsize)
+    if plan is None or plan.cluster:
+        return plan
+    n = plans.groups_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice(), qat,
+                             lengths)
+    return plans.resident(plan, 2, n)
+
+
+_LEN_CASES = [(dt, tile, qat) for dt, tile in _TILE_CASES for qat in (False, True)
+              if plans.tile_has(_catalog.CTYPE[np.dtype(dt).itemsize], tile, "backward", qat,
+                                True)]
+
+
+@pytest.mark.parametrize("dtype,tile,qat", _LEN_CASES, ids=[
+    f"{np.dtype(dt).name.replace('float', 'f')}_c{c}_q{q}_r{r}_t{nt}_u{u}" + "_qat" * qat
+    for dt, (c, q, r, nt, u), qat in _LEN_CASES])
+def test_each_tile_kernel_for_lengths_leaves_full_rows_alone(cp, rng, monkeypatch, dtype,
+                                                             tile, qat):
+    """Every tile kernel for variable lengths (LEN), plain and quantization-aware: with one
+    row shorter, every other row gets the bits the plain kernel gives it (rows never mix),
+    and the short row's outputs and input gradient are 0 beyond its length."""
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+    H = next(H for H in range(1, 300 if tile[0] else 2100)
+             if _tile_plan(cp, dtype, tile, 4, H, 1, qat, True))
+    plan = _tile_plan(cp, dtype, tile, 4, H, 1, qat, True)
+    monkeypatch.setattr(_plan, "choose", lambda *a, **k: plan)
+    from cugru.quant import QuantSpec
+    spec = QuantSpec(8, (1 / 64, 0, -128, 127), (1 / 64, 0, -128, 127), True) if qat else None
+    p = to_gpu(cp, cast(problem(rng, 6, 4, 3, H, True), dtype))
+    outs = []
+    for lengths in (None, [3, 6, 6, 6]):
+        y, hn, saved = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                         quant=spec, lengths=lengths, path="fast")
+        dx = cugru.gru_backward(p["dy"], p["dh_n"], saved, path="fast")[0]
+        outs.append([a.get() for a in (y, hn, dx)])
+    (y0, hn0, dx0), (y1, hn1, dx1) = outs
+    assert np.array_equal(y1[:, 1:], y0[:, 1:]) and np.array_equal(hn1[:, 1:], hn0[:, 1:])
+    assert np.array_equal(dx1[:, 1:], dx0[:, 1:])
+    assert not y1[3:, 0].any() and not dx1[3:, 0].any() and np.isfinite(y1).all()
+
+
 @pytest.mark.parametrize("dtype,tile", _TILE_CASES, ids=[
     f"{np.dtype(dt).name.replace('float', 'f')}_c{c}_q{q}_r{r}_t{nt}_u{u}"
     for dt, (c, q, r, nt, u) in _TILE_CASES])
@@ -364,13 +409,7 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
         pytest.skip("not launched on this GPU")
 
     def split(B, H, rows):
-        """the tile's plan; at grid scope with its slots, None where a group's blocks (both
-        directions) do not fit the GPU at once"""
-        plan = plans.tile_split(B, H, 2, tile, rows, it)
-        if plan is None or plan.cluster:
-            return plan
-        n = plans.groups_at_once(plan, np.dtype(dtype).str, cp.cuda.runtime.getDevice())
-        return plans.resident(plan, 2, n)
+        return _tile_plan(cp, dtype, tile, B, H, rows)
 
     holds = [H for H in range(1, 300 if tile[0] else 2100) if split(1, H, 1)]
     H = min(holds) if end == "low" else max(holds)

@@ -86,7 +86,7 @@ def test_the_table_sends_every_element_to_one_block(moments, chunk):
     exactly once, and each row holds the addresses the kernel expects (unused moment
     columns repeat w's) with its alignment flag."""
     sizes = [1, 3, chunk, chunk + 1, 5 * chunk - 1, 17]
-    key = [np.dtype(np.float32)]
+    key = [np.dtype(np.float32), 0]
     for i, n in enumerate(sizes):
         base = 1 << 20 + 4 * i
         key += [n] + [base + 2**16 * j + (4 if i == 2 and j == 1 else 0)
@@ -102,12 +102,19 @@ def test_the_table_sends_every_element_to_one_block(moments, chunk):
         covered[k][start:start + n] += 1
     assert all((c == 1).all() for c in covered)
     for i, e in enumerate(table):
-        addresses = key[1 + i * (3 + moments) + 1:1 + (i + 1) * (3 + moments)]
+        addresses = key[2 + i * (3 + moments) + 1:2 + (i + 1) * (3 + moments)]
         assert e[row["D"]] == addresses[0] and e[row["W"]] == addresses[1]
         assert e[row["S1"]] == (addresses[2] if moments > 0 else addresses[1])
         assert e[row["S2"]] == (addresses[3] if moments > 1 else addresses[1])
         assert e[row["N"]] == sizes[i]
         assert e[row["VEC"]] == (i != 2)          # tensor 2's w lies 4 bytes off
+
+
+@pytest.mark.parametrize("chunk", [0, 6, 1001, 4.0, True])
+def test_a_chunk_that_would_break_alignment_is_an_error(chunk):
+    key = (np.dtype(np.float32), 0, 8, 0, 64)
+    with pytest.raises(ValueError, match="multi.CHUNK must be a positive multiple of 4"):
+        multi._host_table(key, 0, chunk)
 
 
 def test_bad_lists_are_errors_naming_them(rng):

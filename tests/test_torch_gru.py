@@ -150,7 +150,7 @@ def test_the_operator_is_registered_with_its_shapes_for_tracing():
         for quant in (None, spec):
             for lengths in (None, torch.tensor([4, 2, 3])):
                 torch.library.opcheck(torch.ops.cugru.gru_layer.default,
-                                      (x, h, ws, lengths, bi, True, quant))
+                                      (x, h, ws, lengths, bi, True, quant, "auto"))
 
 
 def test_torch_compile_traces_it_without_a_graph_break():
@@ -250,6 +250,39 @@ def test_runs_on_torch_s_current_stream_and_repeats_its_bits():
     torch.cuda.synchronize()
     for y, g in outs[1:]:
         assert torch.equal(y, outs[0][0]) and all(torch.equal(a, b) for a, b in zip(g, outs[0][1]))
+
+
+@pytest.mark.gpu
+def test_outputs_change_in_place_as_nn_gru_s_do():
+    """y += 1, relu_ and h_n.detach_() work on the GPU results as on nn.GRU's (they are
+    tensors on torch's memory, not views that autograd forbids changing); and since ours
+    keeps no output for its backward pass, the gradient then flows through them too
+    (nn.GRU's cuDNN backward reads y, so it refuses that)."""
+    ref, ours = _pair(1, False, False, torch.float32, "cuda", I=16, H=32)
+    x = torch.randn(9, 4, 16, device="cuda", requires_grad=True)
+    for model in (ref, ours):
+        y, hn = model(x)
+        y.add_(1)
+        torch.relu_(y)
+        hn.detach_()
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.gpu
+def test_path_and_devices_reach_cugru_as_given():
+    """path= is cugru's plan (the small path refuses a shape beyond it); a hidden state or a
+    module on another device than the input is an error naming it, not a bad address."""
+    big = GRU(16, 64, device="cuda", path="small")
+    with pytest.raises(ValueError, match="path='small': D\\*B\\*H = "):
+        big(torch.randn(9, 32, 16, device="cuda"))
+    gru = GRU(16, 32, device="cuda")
+    with pytest.raises(ValueError, match="hx is a torch.float32 tensor on cpu"):
+        gru(torch.randn(9, 4, 16, device="cuda"), torch.randn(1, 4, 32))
+    with pytest.raises(ValueError, match="weight_ih_l0 is a torch.float32 tensor on cpu"):
+        GRU(16, 32)(torch.randn(9, 4, 16, device="cuda"))
+    y, _ = gru(torch.randn(9, 4, 16, device="cuda"))       # (the context is still sound)
+    assert torch.isfinite(y).all()
 
 
 @pytest.mark.gpu
