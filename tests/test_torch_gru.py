@@ -259,7 +259,7 @@ def test_outputs_change_in_place_as_nn_gru_s_do():
     keeps no output for its backward pass, the gradient then flows through them too
     (nn.GRU's cuDNN backward reads y, so it refuses that)."""
     ref, ours = _pair(1, False, False, torch.float32, "cuda", I=16, H=32)
-    x = torch.randn(9, 4, 16, device="cuda", requires_grad=True)
+    x = torch.randn(9, 4, 16, device="cuda", dtype=torch.float32, requires_grad=True)
     for model in (ref, ours):
         y, hn = model(x)
         y.add_(1)
@@ -273,15 +273,16 @@ def test_outputs_change_in_place_as_nn_gru_s_do():
 def test_path_and_devices_reach_cugru_as_given():
     """path= is cugru's plan (the small path refuses a shape beyond it); a hidden state or a
     module on another device than the input is an error naming it, not a bad address."""
-    big = GRU(16, 64, device="cuda", path="small")
+    f32 = dict(dtype=torch.float32)     # (other tests set torch's default dtype to float64)
+    big = GRU(16, 64, device="cuda", path="small", **f32)
     with pytest.raises(ValueError, match="path='small': D\\*B\\*H = "):
-        big(torch.randn(9, 32, 16, device="cuda"))
-    gru = GRU(16, 32, device="cuda")
+        big(torch.randn(9, 32, 16, device="cuda", **f32))
+    gru = GRU(16, 32, device="cuda", **f32)
     with pytest.raises(ValueError, match="hx is a torch.float32 tensor on cpu"):
-        gru(torch.randn(9, 4, 16, device="cuda"), torch.randn(1, 4, 32))
+        gru(torch.randn(9, 4, 16, device="cuda", **f32), torch.randn(1, 4, 32, **f32))
     with pytest.raises(ValueError, match="weight_ih_l0 is a torch.float32 tensor on cpu"):
-        GRU(16, 32)(torch.randn(9, 4, 16, device="cuda"))
-    y, _ = gru(torch.randn(9, 4, 16, device="cuda"))       # (the context is still sound)
+        GRU(16, 32, **f32)(torch.randn(9, 4, 16, device="cuda", **f32))
+    y, _ = gru(torch.randn(9, 4, 16, device="cuda", **f32))   # (the context is still sound)
     assert torch.isfinite(y).all()
 
 
