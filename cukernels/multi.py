@@ -40,7 +40,6 @@ MOMENTS = {"sgd_update": (), "momentum_update": ("momentum",),
            "adam_update": ("momentum_m", "momentum_v")}
 _NAMES = {(k, c, v): f"{k}_multi<{c},{BOOLS[v == 'book']}>" for k in MOMENTS
           for c in CTYPES for v in ("standard", "book")}
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _ROW = {k: i for i, k in enumerate(optim.MT_LAYOUT)}
 
 
@@ -192,9 +191,21 @@ def _cached_table(key, moments):
     return entry
 
 
-def _run(rule, variant, dt, entry, batch_size, sc, c1=0.0, c2=0.0):
+def _apply(rule, lists, dt, entry, batch_size, variant, scalars, factors=None, **extra):
+    """Check the scalars, then run `rule` over the tensors: one launch with the device table
+    `entry`, or (entry None) the oracle tensor by tensor over `lists`. `factors`: Adam's
+    check of its step and bias factors, after the other checks as in optim.adam_update."""
+    checks.integer("batch_size", batch_size, min_value=1)
+    checks.variant_of(variant)
+    sc = optim.check_scalars(dt, scalars)
+    c1, c2 = factors() if factors else (0.0, 0.0)
+    if entry is None:
+        one = getattr(oracle, rule)
+        for arrays in zip(*lists):
+            one(*arrays, batch_size, **scalars, **extra, variant=variant)
+        return
     _, table, chunk_tensor, blocks = entry
-    runtime.kernel("optim.cu", _NAMES[rule, _CTYPE[dt], variant]).launch_values(
+    runtime.kernel("optim.cu", _NAMES[rule, optim._CTYPE[dt], variant]).launch_values(
         (blocks,), (THREADS,),
         (table, chunk_tensor, CHUNK, *optim.kernel_scalars(batch_size, sc, c1, c2)))
 
@@ -235,19 +246,11 @@ class TensorLists:
             entry = self._tables[rule, CHUNK] = _table(self._key, have, CHUNK)
         return entry
 
-    def _update(self, rule, batch_size, variant, scalars, c1=0.0, c2=0.0, **extra):
-        """Check the scalars, then run `rule` over every tensor: one launch on the GPU, the
-        oracle tensor by tensor on the CPU."""
-        entry = self._entry(rule)
-        checks.integer("batch_size", batch_size, min_value=1)
-        checks.variant_of(variant)
-        sc = optim.check_scalars(self.dtype, scalars)
-        if entry is None:
-            one = getattr(oracle, rule)
-            for arrays in zip(*self._seqs):
-                one(*arrays, batch_size, **scalars, **extra, variant=variant)
-            return
-        _run(rule, variant, self.dtype, entry, batch_size, sc, c1, c2)
+    def _update(self, rule, batch_size, variant, scalars, factors=None, **extra):
+        """Run `rule` over every tensor (_apply): one launch on the GPU, the oracle tensor by
+        tensor on the CPU."""
+        _apply(rule, self._seqs, self.dtype, self._entry(rule), batch_size, variant, scalars,
+               factors, **extra)
 
     def sgd_update(self, batch_size, learning_rate=3e-4, lambda1=0.0, lambda2=0.0, *,
                    variant="standard"):
@@ -286,34 +289,26 @@ class TensorLists:
     def adam_update(self, batch_size, learning_rate=3e-4, beta1=0.9, beta2=0.999,
                     lambda1=0.0, lambda2=0.0, *, t=None, variant="standard", eps=1e-8):
         """cukernels.optim.adam_update on every tensor (t, the step, as there)."""
-        self._entry("adam_update")
-        c1, c2 = optim.adam_factors(variant, learning_rate, beta1, beta2, t)
         self._update("adam_update", batch_size, variant, {
             "learning_rate": learning_rate, "beta1": beta1, "beta2": beta2,
-            "lambda1": lambda1, "lambda2": lambda2, "eps": eps}, c1, c2, t=t)
+            "lambda1": lambda1, "lambda2": lambda2, "eps": eps},
+            lambda: optim.adam_factors(variant, learning_rate, beta1, beta2, t), t=t)
 
 
-def _call(rule, named, batch_size, variant, scalars, c1=0.0, c2=0.0, **extra):
-    """The function form: check the lists (every call), then one launch with the cached
-    table of these tensors, or the oracle tensor by tensor for numpy lists."""
+def _call(rule, named, batch_size, variant, scalars, factors=None, **extra):
+    """The function form: check the lists (every call), then _apply: one launch with the
+    cached table of these tensors, or the oracle tensor by tensor for numpy lists."""
     seqs, count = _sequences(named)
     key = _plain(seqs, count)
+    entry = None
     if key is None:
         gpu, dt = _checked(seqs, count)
-        if not gpu:
-            checks.integer("batch_size", batch_size, min_value=1)
-            checks.variant_of(variant)
-            optim.check_scalars(dt, scalars)
-            one = getattr(oracle, rule)
-            for arrays in zip(*seqs.values()):
-                one(*arrays, batch_size, **scalars, **extra, variant=variant)
-            return
-        key = _key(seqs, count, dt)
-    dt = key[0]
-    checks.integer("batch_size", batch_size, min_value=1)
-    checks.variant_of(variant)
-    sc = optim.check_scalars(dt, scalars)
-    _run(rule, variant, dt, _cached_table(key, len(MOMENTS[rule])), batch_size, sc, c1, c2)
+        if gpu:
+            key = _key(seqs, count, dt)
+    if key is not None:
+        dt = key[0]
+        entry = _cached_table(key, len(MOMENTS[rule]))
+    _apply(rule, seqs.values(), dt, entry, batch_size, variant, scalars, factors, **extra)
 
 
 def sgd_update(delta_weights, weights, batch_size, learning_rate=3e-4, lambda1=0.0,
@@ -364,13 +359,12 @@ def adam_update(delta_weights, weights, momentum_m, momentum_v, batch_size, lear
                 beta1=0.9, beta2=0.999, lambda1=0.0, lambda2=0.0, *, t=None,
                 variant="standard", eps=1e-8):
     """cukernels.optim.adam_update over lists of tensors, in one launch."""
-    named = {"delta_weights": delta_weights, "weights": weights, "momentum_m": momentum_m,
-             "momentum_v": momentum_v}
-    _sequences(named)
-    c1, c2 = optim.adam_factors(variant, learning_rate, beta1, beta2, t)
-    _call("adam_update", named, batch_size, variant,
+    _call("adam_update", {"delta_weights": delta_weights, "weights": weights,
+                          "momentum_m": momentum_m, "momentum_v": momentum_v},
+          batch_size, variant,
           {"learning_rate": learning_rate, "beta1": beta1, "beta2": beta2, "lambda1": lambda1,
-           "lambda2": lambda2, "eps": eps}, c1, c2, t=t)
+           "lambda2": lambda2, "eps": eps},
+          lambda: optim.adam_factors(variant, learning_rate, beta1, beta2, t), t=t)
 
 
 __all__ = ["TensorLists", "sgd_update", "momentum_update", "adagrad_update", "rmsprop_update",
