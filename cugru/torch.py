@@ -24,6 +24,7 @@ torch is imported here only: ``import cugru`` does not import it.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import List, Optional, Tuple
 
@@ -60,61 +61,111 @@ def _list_to_spec(values: Optional[List[float]]) -> Optional[QuantSpec]:
     return QuantSpec(int(values[0]), grid(values[2:7]), grid(values[7:12]), bool(values[1]))
 
 
-_STREAMS: dict = {}
-_NP = {torch.float32: np.float32, torch.float64: np.float64}
+#: the dtypes that move between torch and CuPy arrays
+_PAIRS = ((torch.float32, np.float32), (torch.float64, np.float64), (torch.float16, np.float16),
+          (torch.int8, np.int8), (torch.uint8, np.uint8), (torch.int32, np.int32),
+          (torch.int64, np.int64), (torch.bool, np.bool_))
+_NP = {t: np.dtype(n) for t, n in _PAIRS}
+_TORCH = {np.dtype(n): t for t, n in _PAIRS}
 
 
-class _OnDevice:
-    """CuPy on the tensor's device and on torch's current stream there (a CuPy stream made
-    once per torch stream), so cugru's launches queue behind torch's work with no sync; and
-    CuPy's allocations in the block come from torch's caching allocator (uint8 tensors), so
-    that torch accounts for cugru's memory and its results become tensors by a view of
-    that memory (`tensor`), with no exchange protocol and no stream handshake."""
+class _Place:
+    """CuPy's objects for one CUDA device and one torch stream on it, made once (_place)."""
+    __slots__ = ("cp", "index", "device", "stream")
 
-    def __init__(self, device):
-        from cukernels import runtime
-        self.cp = cp = runtime.cupy_module()
+    def __init__(self, cp, index, stream):
+        self.cp, self.index, self.stream = cp, index, stream
+        self.device = torch.device("cuda", index)
+
+
+_PLACES: dict = {}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _place(device) -> _Place:
+    """The _Place of torch's current stream on `device`."""
+    from cukernels import runtime
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ptr = _raw_stream(index) if _raw_stream is not None else \
+        torch.cuda.current_stream(index).cuda_stream
+    place = _PLACES.get((index, ptr))
+    if place is None:
+        cp = runtime.cupy_module()
         if cp is None:
             raise RuntimeError("cugru.torch: CUDA tensors need CuPy (pip install "
                                "cupy-cuda12x or cupy-cuda13x)")
-        self.index = index = device.index if device.index is not None else \
-            torch.cuda.current_device()
-        self.device = torch.device("cuda", index)
         current = torch.cuda.current_stream(index)
-        ptr = current.cuda_stream
-        stream = _STREAMS.get((index, ptr))
-        if stream is None:
-            try:        # (the CUDA stream protocol, where CuPy and torch both have it)
-                stream = cp.cuda.Stream.from_external(current)
-            except (AttributeError, TypeError, ValueError):
-                stream = cp.cuda.ExternalStream(ptr, index)
-            _STREAMS[index, ptr] = stream
-        self._dev, self._stream = cp.cuda.Device(index), stream
-        self._owners = {}
-        self._alloc = cp.cuda.using_allocator(self._allocate)
+        try:        # (the CUDA stream protocol, where CuPy and torch both have it)
+            stream = cp.cuda.Stream.from_external(current)
+        except (AttributeError, TypeError, ValueError):
+            stream = cp.cuda.ExternalStream(current.cuda_stream, index)
+        place = _PLACES[index, ptr] = _Place(cp, index, stream)
+    return place
+
+
+class _OnDevice:
+    """One call's CuPy context: the tensor's device and torch's current stream there (a CuPy
+    stream made once per torch stream), so cugru's launches queue behind torch's work with
+    no sync; and the memory from torch's caching allocator, so that torch accounts for it
+    and a result is a tensor from the start: cugru's results (cukernels.runtime.empty) are
+    made as torch tensors of their shape and dtype, CuPy's other allocations in the block
+    as uint8 tensors."""
+    __slots__ = ("cp", "index", "device", "made", "_stream", "_restore")
+
+    def __init__(self, device):
+        place = _place(device)
+        self.cp, self.index, self.device = place.cp, place.index, place.device
+        self._stream = place.stream
+        self.made = {}          # data pointer -> the tensor allocated there in this call
+
+    def __enter__(self):
+        from cukernels import runtime
+        cp = self.cp
+        previous = cp.cuda.runtime.getDevice()
+        # (the launches go through the driver API, which needs the device's context current
+        # on this thread: autograd runs backward on a thread of its own, where no CUDA call
+        # may have made it current yet; so set it even where it is the current device)
+        cp.cuda.runtime.setDevice(self.index)
+        self._stream.__enter__()
+        # (what undoes the settings refers to nothing that refers back to this object: a
+        # cycle would keep the call's tensors, `made`, alive until the garbage collector
+        # runs)
+        self._restore = (previous, _allocator_set(cp, self._allocate),
+                         runtime.made_by(self._make))
+        return self
+
+    def __exit__(self, *exc):
+        previous, undo_alloc, undo_maker = self._restore
+        self._restore = None
+        undo_maker()
+        undo_alloc()
+        self._stream.__exit__(None, None, None)
+        if previous != self.index:
+            self.cp.cuda.runtime.setDevice(previous)
+        return False
 
     def _allocate(self, size):
         t = torch.empty(size, dtype=torch.uint8, device=self.device)
         ptr = t.data_ptr()
-        self._owners[ptr] = t
+        self.made[ptr] = t
         cp = self.cp
         return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, size, t, self.index), 0)
 
-    def __enter__(self):
-        self._dev.__enter__()
-        # (the launches go through the driver API, which needs the device's context current
-        # on this thread: autograd runs backward on a thread of its own, where no CUDA call
-        # may have made it current yet)
-        self.cp.cuda.runtime.setDevice(self.index)
-        self._stream.__enter__()
-        self._alloc.__enter__()
-        return self
+    def _make(self, shape, dtype):
+        dt = np.dtype(dtype)
+        tdt = _TORCH.get(dt)
+        if tdt is None:
+            return self.cp.ndarray(shape, dt)       # (through _allocate)
+        return self._on(torch.empty(shape, dtype=tdt, device=self.device), shape, dt)
 
-    def __exit__(self, *exc):
-        self._alloc.__exit__(*exc)
-        self._stream.__exit__(*exc)
-        self._dev.__exit__(*exc)
-        return False
+    def _on(self, t, shape, dt):
+        """A cupy array of `shape` on tensor t's memory (keeping t alive), recorded as made
+        in this call."""
+        ptr = t.data_ptr()
+        self.made[ptr] = t
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(ptr, t.nbytes, t, self.index)
+        return cp.ndarray(shape, dt, cp.cuda.MemoryPointer(mem, 0))
 
     def arr(self, t):
         """A contiguous CUDA tensor as a cupy array on its memory (no copy; the array keeps
@@ -128,25 +179,49 @@ class _OnDevice:
                              f"{self.index} is needed")
         cp = self.cp
         mem = cp.cuda.UnownedMemory(t.data_ptr(), t.nbytes, t, self.index)
-        return cp.ndarray(tuple(t.shape), _NP.get(t.dtype) or np.int64,
+        return cp.ndarray(tuple(t.shape), _NP.get(t.dtype, np.int64),
                           cp.cuda.MemoryPointer(mem, 0))
 
-    def tensor(self, a):
-        """A C-contiguous cupy array made in this block as a tensor on the torch memory it
-        lies in (DLPack for one made elsewhere). Set on that storage, not a view of the
-        allocation's tensor: a user may change a result in place (y += skip, h_n.detach_()),
-        which torch refuses for a view that an autograd Function returns."""
+    def unowned(self, a):
+        """`a` (C-contiguous) as an array on the same memory that keeps nothing alive."""
+        cp = self.cp
+        mem = cp.cuda.UnownedMemory(a.data.ptr, a.nbytes, None, self.index)
+        return cp.ndarray(a.shape, a.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def tensor(self, a, apart=False):
+        """A C-contiguous cupy array made in this block as a tensor: the tensor it was made
+        as, or one set on the storage of the allocation it lies in (not a view: a user may
+        change a result in place, y += skip, which torch refuses for a view that an autograd
+        Function returns); `apart`, or an array made elsewhere: through DLPack (a storage
+        of its own: the registered operator's results may not alias each other)."""
         if a is None:
             return None
-        base = a.data.mem.ptr
-        owner = self._owners.get(base)
-        if owner is None or not a.flags.c_contiguous:
+        tdt = _TORCH[a.dtype]
+        if a.size == 0:
+            return torch.empty(a.shape, dtype=tdt, device=self.device)
+        t = self.made.get(a.data.ptr)
+        if t is not None and t.dtype is tdt and t.shape == a.shape:
+            return t
+        owner = self.made.get(a.data.mem.ptr)
+        if apart or owner is None or not a.flags.c_contiguous:
             return torch.from_dlpack(a)
-        t = torch.empty(0, dtype=_TORCH[a.dtype.char], device=self.device)
-        return t.set_(owner.untyped_storage(), (a.data.ptr - base) // a.itemsize, a.shape)
+        return torch.empty(0, dtype=tdt, device=self.device).set_(
+            owner.untyped_storage(), (a.data.ptr - a.data.mem.ptr) // a.itemsize, a.shape)
 
 
-_TORCH = {"f": torch.float32, "d": torch.float64}
+def _allocator_set(cp, allocate):
+    """Make `allocate` CuPy's allocator on this thread; returns the function that undoes it
+    (CuPy's thread-local setters where it has them: its context manager costs more)."""
+    mem = cp.cuda.memory
+    get = getattr(mem, "_get_thread_local_allocator", None)
+    put = getattr(mem, "_set_thread_local_allocator", None)
+    if get is not None and put is not None:
+        previous = get()
+        put(allocate)
+        return lambda: put(previous)
+    block = cp.cuda.using_allocator(allocate)
+    block.__enter__()
+    return lambda: block.__exit__(None, None, None)
 
 
 def _tensor(a):
@@ -219,7 +294,7 @@ def _layer_backward(dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_
     D = 2 if bidirectional else 1
     if x.is_cuda:
         with _OnDevice(x.device) as on:
-            return _backward_with(on.cp, on.arr, torch.from_dlpack if apart else on.tensor,
+            return _backward_with(on.cp, on.arr, lambda a: on.tensor(a, apart),
                                   dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates, x_real,
                                   h0_real, lengths, D, spec, path)
     return _backward_with(np, _host, _tensor, dy, dh_n, x, weights, w_ih_q, w_hh_q, hs, gates,
@@ -302,18 +377,8 @@ def _saved(x, h0, weights, lengths, quant, output):
     return (x_q if x_q.numel() else x, w_ih_q, w_hh_q, hs, gates, x, h0, lengths, *weights)
 
 
-def _grads(ctx, dy, dh_n, backward):
-    """(dx, dh0 or None, [the parameters' gradients]) from ctx and the gradients of y, h_n."""
-    x, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths, *weights = ctx.saved_tensors
-    if dy is None:
-        dy = x.new_zeros(ctx.y_shape)
-    dx, dh0, *dw = backward(dy.contiguous(), None if dh_n is None else dh_n.contiguous(), x,
-                            weights, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths,
-                            ctx.bidirectional, ctx.quant, ctx.path)
-    return dx, dh0 if ctx.has_h0 else None, dw
-
-
-def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output):
+def _setup(ctx, inputs, output):
+    x, h0, weights, lengths, bidirectional, training, quant, path = inputs
     ctx.save_for_backward(*_saved(x, h0, weights, lengths, quant, output))
     ctx.quant, ctx.bidirectional, ctx.path = quant, bidirectional, path
     ctx.has_h0, ctx.y_shape = h0 is not None, output[0].shape
@@ -323,47 +388,137 @@ def _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output):
     ctx.set_materialize_grads(False)
 
 
-def _setup(ctx, inputs, output):
-    x, h0, weights, lengths, bidirectional, training, quant, path = inputs
-    _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output)
-
-
 def _backward(ctx, dy, dh_n, *history):
-    dx, dh0, dw = _grads(ctx, dy, dh_n, gru_layer_backward)
-    return dx, dh0, dw, None, None, None, None, None
+    x, w_ih_q, w_hh_q, hs, gates, x_real, h0_real, lengths, *weights = ctx.saved_tensors
+    if dy is None:
+        dy = x.new_zeros(ctx.y_shape)
+    dx, dh0, *dw = gru_layer_backward(
+        dy.contiguous(), None if dh_n is None else dh_n.contiguous(), x, weights, w_ih_q,
+        w_hh_q, hs, gates, x_real, h0_real, lengths, ctx.bidirectional, ctx.quant, ctx.path)
+    return dx, dh0 if ctx.has_h0 else None, dw, None, None, None, None, None
 
 
 gru_layer.register_autograd(_backward, setup_context=_setup)
 
 
+#: the fields of a GruSaved that may lie on a tensor the eager Function saves
+_ON_TENSORS = ("x", "w_ih", "w_hh", "hs", "gates", "x_real", "h0_real")
+
+
+def _eager_forward(ctx, x, h0, weights, lengths, D, spec, path):
+    """The eager Function's forward: y and h_n, with what the backward pass needs in ctx.
+
+    The GruSaved of the call is kept in ctx, with its arrays made once: the backward pass
+    builds none. Its arrays on tensors (x, the parameters, the history, the quantized
+    operands) keep nothing alive; those tensors go through save_for_backward, so torch
+    decides their lifetime (freed after backward), checks them for changes in place and
+    applies saved-tensor hooks; the backward pass checks that they come back at the same
+    addresses (else it makes the arrays anew on what comes back)."""
+    kw = dict(bidirectional=D == 2, training=True, quant=spec, lengths=_lengths(lengths),
+              path=path)
+    keep = [x, h0, *weights]
+    if not x.is_cuda:
+        w = _stacked(np, [_host(t) for t in weights], D)
+        y, h_n, saved = oracle.gru_forward(_host(x), _host(h0), *w, **kw)
+        ctx.save_for_backward(*keep)
+        ctx.saved, ctx.fields = saved, ()
+        return _tensor(y), _tensor(h_n)
+    with _OnDevice(x.device) as on:
+        w = _stacked(on.cp, [on.arr(t) for t in weights], D)
+        y, h_n, saved = gru_forward(on.arr(x), on.arr(h0), *w, **kw)
+        y, h_n = on.tensor(y), on.tensor(h_n)
+        ptrs = {t.data_ptr(): i for i, t in enumerate(keep) if t is not None}
+        fields = []
+        for name in _ON_TENSORS:
+            a = getattr(saved, name)
+            if a is None or not a.flags.c_contiguous or a.size == 0:
+                continue
+            i = ptrs.get(a.data.ptr)
+            if i is None or keep[i].nbytes != a.nbytes:
+                t = on.made.get(a.data.ptr)
+                if t is None or t.nbytes != a.nbytes:
+                    continue        # (a copy made here: the GruSaved keeps it)
+                i = len(keep)
+                keep.append(t)
+                ptrs[t.data_ptr()] = i
+            fields.append((name, i, a.shape, a.dtype))
+            setattr(saved, name, on.unowned(a))
+    ctx.save_for_backward(*keep)
+    ctx.saved, ctx.fields = saved, fields
+    ctx.ptrs = [0 if t is None else t.data_ptr() for t in keep]
+    return y, h_n
+
+
+def _eager_backward(ctx, dy, dh_n):
+    """The eager Function's backward: dx, dh0, [the parameters' gradients]."""
+    tensors = ctx.saved_tensors      # (torch's checks: freed, or changed in place)
+    x, saved, D = tensors[0], ctx.saved, ctx.D
+    if dy is None:
+        dy = torch.zeros(ctx.y_shape, dtype=x.dtype, device=x.device)
+    dy = dy.contiguous()
+    dh_n = None if dh_n is None else dh_n.contiguous()
+    if not x.is_cuda:
+        dx, dh0, *dw = oracle.gru_backward(_host(dy), _host(dh_n), saved, path=ctx.path)
+        return _tensor(dx), _tensor(dh0), [_tensor(g) for g in _unstacked(dw, D)]
+    with _OnDevice(x.device) as on:
+        moved = [f for f in ctx.fields if tensors[f[1]].data_ptr() != ctx.ptrs[f[1]]]
+        if moved:           # (saved-tensor hooks gave other tensors: arrays on those)
+            saved = copy.copy(saved)
+            for name, i, shape, dtype in moved:
+                t = tensors[i].contiguous().view(_TORCH[dtype])   # (CuPy's allocations: uint8)
+                setattr(saved, name, on.arr(t).reshape(shape))
+        dx, dh0, *dw = gru_backward(on.arr(dy), on.arr(dh_n), saved, path=ctx.path)
+        return on.tensor(dx), on.tensor(dh0), [on.tensor(g) for g in _unstacked(dw, D)]
+
+
 class _EagerLayer(torch.autograd.Function):
-    """gru_layer's autograd through torch.autograd.Function: the same functions, with less
-    host work per call than the registered operator's dispatch (eager mode). The parameters
-    come last, one argument each (a Function tracks tensors passed as arguments only)."""
+    """gru_layer's autograd through torch.autograd.Function, for eager mode: less host work
+    per call than the registered operator's dispatch, two outputs (y, h_n) and the history
+    in ctx (_eager_forward). The parameters come last, one argument each (a Function
+    tracks tensors passed as arguments only)."""
 
     @staticmethod
-    def forward(ctx, x, h0, lengths, bidirectional, training, quant, path, *weights):
-        output = _layer_forward(x, h0, weights, lengths, bidirectional, training, quant, path)
-        _keep(ctx, x, h0, weights, lengths, bidirectional, quant, path, output)
-        return output
+    def forward(ctx, x, h0, lengths, D, quant, path, *weights):
+        y, h_n = _eager_forward(ctx, x, h0, weights, lengths, D, quant, path)
+        ctx.D, ctx.path, ctx.has_h0, ctx.y_shape = D, path, h0 is not None, y.shape
+        # (an output without a gradient comes to backward as None, not as zeros)
+        ctx.set_materialize_grads(False)
+        return y, h_n
 
     @staticmethod
-    def backward(ctx, dy, dh_n, *history):
-        dx, dh0, dw = _grads(ctx, dy, dh_n, _layer_backward)
-        return (dx, dh0, None, None, None, None, None, *dw)
+    def backward(ctx, dy, dh_n):
+        dx, dh0, dw = _eager_backward(ctx, dy, dh_n)
+        return (dx, dh0 if ctx.has_h0 else None, None, None, None, None, *dw)
+
+
+def _infer(x, h0, weights, lengths, D, quant, path):
+    """(y, h_n) of one layer with no history kept (no autograd)."""
+    kw = dict(bidirectional=D == 2, training=False, quant=quant, lengths=_lengths(lengths),
+              path=path)
+    if not x.is_cuda:
+        w = _stacked(np, [_host(t) for t in weights], D)
+        y, h_n, _ = oracle.gru_forward(_host(x), _host(h0), *w, **kw)
+        return _tensor(y), _tensor(h_n)
+    with _OnDevice(x.device) as on:
+        w = _stacked(on.cp, [on.arr(t) for t in weights], D)
+        y, h_n, _ = gru_forward(on.arr(x), on.arr(h0), *w, **kw)
+        return on.tensor(y), on.tensor(h_n)
 
 
 def layer(x, h0, weights, lengths=None, bidirectional=False, training=True, quant=None,
           path="auto"):
-    """(y, h_n) of one layer, differentiable: `weights` the parameters (w_ih, w_hh, b_ih,
-    b_hh of each direction in turn); `path` cugru's plan; the registered operator under
-    torch.compile, the eager Function otherwise."""
-    q = _spec_to_list(quant)
+    """(y, h_n) of one layer, differentiable when `training`: `weights` the parameters
+    (w_ih, w_hh, b_ih, b_hh of each direction in turn, contiguous); `path` cugru's plan;
+    the registered operator under torch.compile, else the eager Function (or, without
+    `training`, the forward call alone)."""
+    D = 2 if bidirectional else 1
     if torch.compiler.is_compiling():
-        out = gru_layer(x, h0, list(weights), lengths, bidirectional, training, q, path)
-    else:
-        out = _EagerLayer.apply(x, h0, lengths, bidirectional, training, q, path, *weights)
-    return out[0], out[1]
+        out = gru_layer(x, h0, list(weights), lengths, bidirectional, training,
+                        _spec_to_list(quant), path)
+        return out[0], out[1]
+    if not training:
+        return _infer(x, h0, weights, lengths, D, quant, path)
+    return _EagerLayer.apply(x, h0, lengths, D, quant, path, *weights)
 
 
 # ------------------------------------------------------------------------------ the module
@@ -423,18 +578,18 @@ class GRU(nn.Module):
                 s += f", {name}={getattr(self, name)}"
         return s
 
-    def _layer_weights(self, k, D):
+    def _layer_weights(self, k, D, params=None):
         """Layer k's parameters, w_ih, w_hh, b_ih, b_hh of each direction in turn (zeros
-        for the biases with bias=False), contiguous."""
+        for the biases with bias=False), contiguous; `params`: the module's parameters in
+        their order, where the caller has them."""
+        if params is None:
+            params = [getattr(self, name) for name in self._names]
+        per = 4 if self.bias else 2
         out = []
-        for sfx in ("", "_reverse")[:D]:
-            w_hh = getattr(self, f"weight_hh_l{k}{sfx}").contiguous()
-            out += [getattr(self, f"weight_ih_l{k}{sfx}").contiguous(), w_hh]
-            if self.bias:
-                out += [getattr(self, f"bias_ih_l{k}{sfx}").contiguous(),
-                        getattr(self, f"bias_hh_l{k}{sfx}").contiguous()]
-            else:
-                out += [w_hh.new_zeros(w_hh.shape[0]), w_hh.new_zeros(w_hh.shape[0])]
+        for w in params[k * D * per:(k + 1) * D * per]:
+            out.append(w.contiguous())
+            if per == 2 and len(out) % 4 == 2:
+                out += [w.new_zeros(w.shape[0]), w.new_zeros(w.shape[0])]
         return out
 
     def forward(self, input, hx=None):
@@ -462,11 +617,14 @@ class GRU(nn.Module):
             raise ValueError(f"input has {x.shape[-1]} features, expected input_size = "
                              f"{self.input_size}")
         B = x.shape[1]
-        for name, w in self.named_parameters():
-            if w.device != x.device or w.dtype != x.dtype:
+        params = [getattr(self, name) for name in self._names]
+        device, dtype, grad = x.device, x.dtype, x.requires_grad
+        for name, w in zip(self._names, params):
+            if w.dtype != dtype or w.device != device:
                 raise ValueError(f"{name} is a {w.dtype} tensor on {w.device}, the input a "
                                  f"{x.dtype} tensor on {x.device}; move the module to the "
                                  "input's device and dtype (module.to(...))")
+            grad = grad or w.requires_grad
         if hx is not None:
             want = (L * D, B, H) if batched else (L * D, H)
             if tuple(hx.shape) != want:
@@ -476,10 +634,8 @@ class GRU(nn.Module):
                                  f"{x.dtype} tensor on {x.device}")
             hx = (hx if batched else hx.unsqueeze(1)).reshape(L, D, B, H)
         layer_in = x.contiguous()
-        grad = torch.is_grad_enabled() and (
-            layer_in.requires_grad or (hx is not None and hx.requires_grad)
-            or any(p.requires_grad for p in self.parameters()))
-        weights = [self._layer_weights(k, D) for k in range(L)]
+        grad = torch.is_grad_enabled() and (grad or (hx is not None and hx.requires_grad))
+        weights = [self._layer_weights(k, D, params) for k in range(L)]
         h_n = []
         for k in range(L):
             h0 = None if hx is None else hx[k].contiguous()

@@ -114,6 +114,13 @@ def poison(cp, monkeypatch):
         out.fill(np.nan)
         return out
 
+    runtime_empty = runtime.empty
+
+    def nan_runtime_empty(*a, **k):     # (keeps a maker the caller set: runtime.made_by)
+        out = runtime_empty(*a, **k)
+        out.fill(np.nan)
+        return out
+
     monkeypatch.setattr(cp, "empty", nan_empty)
     monkeypatch.setattr(cp, "empty_like", nan_empty_like)
-    monkeypatch.setattr(runtime, "empty", nan_empty)   # (the results of the fast calls)
+    monkeypatch.setattr(runtime, "empty", nan_runtime_empty)  # (the fast calls' results)

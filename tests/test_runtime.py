@@ -130,3 +130,28 @@ def test_a_source_name_is_registered_once_and_instances_have_one_group(tmp_path,
     assert src.group_of("x<double>") == "b"
     with pytest.raises(KeyError, match="not a registered instance"):
         src.group_of("y<float>")
+
+
+def test_an_array_maker_serves_its_thread_until_undone():
+    """runtime.made_by: `empty` returns what the maker makes on the thread that set it,
+    nested makers restore each other, and other threads never see them."""
+    import threading
+    made = []
+
+    def maker(tag):
+        def make(shape, dtype):
+            made.append(tag)
+            return np.full(shape, tag, dtype)
+        return make
+    undo_outer = runtime.made_by(maker(1))
+    undo_inner = runtime.made_by(maker(2))
+    assert runtime.empty((2, 3), np.float32).tolist() == [[2.0] * 3] * 2
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(getattr(runtime._MAKER, "make", None)))
+    other.start()
+    other.join()
+    assert seen == [None]
+    undo_inner()
+    assert runtime.empty(4, np.int32).dtype == np.int32 and made == [2, 1]
+    undo_outer()
+    assert getattr(runtime._MAKER, "make", None) is None

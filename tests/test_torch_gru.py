@@ -172,20 +172,97 @@ def test_torch_compile_traces_it_without_a_graph_break():
         torch.testing.assert_close(a, b.grad, rtol=0, atol=1e-12)
 
 
-def test_quantization_aware_layers_are_the_functional_calls():
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _functional(device):
+    """(array module, to array, to numpy) for cugru's functional calls on `device`."""
+    if device == "cpu":
+        return np, lambda t: t.detach().numpy(), lambda a: a
+    import cupy
+    return cupy, lambda t: cupy.asarray(t.detach()), cupy.asnumpy
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_quantization_aware_layers_are_the_functional_calls(device, bidirectional):
+    """The module with quant= is cugru's functional calls with that spec, bit for bit
+    (forward, and the gradients of x and of every parameter)."""
+    xp, arr, host = _functional(device)
     spec = QuantSpec(8, (1 / 32, 0, -128, 127), (1 / 64, 0, -128, 127), True)
-    gru = GRU(5, 7, bidirectional=True, dtype=torch.float64, quant=spec)
-    x = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True)
+    gru = GRU(5, 7, bidirectional=bidirectional, dtype=torch.float64, quant=spec,
+              device=device)
+    x = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True, device=device)
     y, hn = gru(x)
     y.sum().backward()
-    w = [torch.stack([getattr(gru, f"{k}_l0{s}").detach() for s in ("", "_reverse")]).numpy()
+    sfx = ("", "_reverse") if bidirectional else ("",)
+    w = [xp.stack([arr(getattr(gru, f"{k}_l0{s}")) for s in sfx])
          for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-    ey, ehn, saved = cugru.gru_forward(x.detach().numpy(), None, *w, bidirectional=True,
+    ey, ehn, saved = cugru.gru_forward(arr(x), None, *w, bidirectional=bidirectional,
                                        quant=spec)
-    assert np.array_equal(y.detach().numpy(), ey) and np.array_equal(hn.detach().numpy(), ehn)
-    grads = cugru.gru_backward(np.ones_like(ey), None, saved)
-    assert np.array_equal(x.grad.numpy(), grads[0])
-    assert np.array_equal(gru.weight_hh_l0_reverse.grad.numpy(), grads[3][1])
+    assert np.array_equal(y.detach().cpu().numpy(), host(ey))
+    assert np.array_equal(hn.detach().cpu().numpy(), host(ehn))
+    grads = cugru.gru_backward(xp.ones_like(ey), None, saved)
+    assert np.array_equal(x.grad.cpu().numpy(), host(grads[0]))
+    for k, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
+        for d, s in enumerate(sfx):
+            assert np.array_equal(getattr(gru, f"{name}_l0{s}").grad.cpu().numpy(),
+                                  host(grads[2 + k][d])), f"{name}_l0{s}"
+
+
+def _train_step(gru, x, **hooks):
+    """(y, and the gradients of x and every parameter) after y.sum().backward()."""
+    x = x.detach().clone().requires_grad_()
+    gru.zero_grad()
+    y, _ = gru(x)
+    y.square().sum().backward()
+    return y.detach(), [x.grad] + [p.grad.clone() for p in gru.parameters()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_change_in_place_before_backward_is_torch_s_error(device):
+    """x and the parameters go through save_for_backward: changed in place between the
+    passes, backward raises torch's error instead of computing with the new values."""
+    f64 = dict(dtype=torch.float64, device=device)
+    gru = GRU(5, 7, num_layers=2, bidirectional=True, **f64)
+    x = torch.randn(6, 4, 5, **f64, requires_grad=True)
+    y, _ = gru(x)
+    with torch.no_grad():
+        gru.weight_hh_l1_reverse.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    layer_in = torch.randn(6, 4, 5, **f64)
+    y, _ = gru(layer_in.requires_grad_())
+    with torch.no_grad():
+        layer_in.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saved_tensor_hooks_and_retain_graph_give_the_same_gradients(device):
+    """Saved-tensor hooks that hand back other tensors (copies at other addresses, or the
+    history moved to the CPU and back) give the same bits as none; backward twice with
+    retain_graph gives the gradients twice."""
+    f32 = dict(dtype=torch.float32, device=device)
+    gru = GRU(5, 16, num_layers=2, bidirectional=True, **f32)
+    x = torch.randn(7, 3, 5, **f32)
+    plain = _train_step(gru, x)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        copied = _train_step(gru, x)
+    hooks = [torch.autograd.graph.save_on_cpu()] if device == "cuda" else []
+    for hook in hooks:
+        with hook:
+            moved = _train_step(gru, x)
+        assert all(torch.equal(a, b) for a, b in zip(moved[1], plain[1]))
+    assert torch.equal(copied[0], plain[0])
+    assert all(torch.equal(a, b) for a, b in zip(copied[1], plain[1]))
+    gru.zero_grad()
+    y, _ = gru(x)
+    y.square().sum().backward(retain_graph=True)
+    y.square().sum().backward()
+    for p, g in zip(gru.parameters(), plain[1][1:]):
+        assert torch.equal(p.grad, 2 * g)
 
 
 def test_bad_arguments_name_them():
@@ -267,6 +344,37 @@ def test_outputs_change_in_place_as_nn_gru_s_do():
         hn.detach_()
     y.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.gpu
+def test_the_history_is_freed_by_backward_and_nothing_waits_for_the_collector():
+    """The history (hs, gates: (5T + 1)·B·H elements here) lives from the forward pass to
+    the end of the backward pass, not as long as y: after backward, with y still held,
+    torch's allocator holds less than half of it beyond what it held before; with y gone,
+    next to nothing. With Python's garbage collector off: no reference cycle may keep a
+    call's memory."""
+    import gc
+    f32 = dict(dtype=torch.float32, device="cuda")
+    T, B, I, H = 400, 8, 4, 64
+    gru = GRU(I, H, **f32)
+    x = torch.randn(T, B, I, **f32, requires_grad=True)
+    history = (5 * T + 1) * B * H * 4
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):      # (cugru's kept temporaries exist from the first on)
+            gru(x)[0].sum().backward()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        y, _ = gru(x)
+        assert torch.cuda.memory_allocated() - before > history
+        y.sum().backward()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before < history / 2
+        del y
+        assert torch.cuda.memory_allocated() - before < history / 16
+    finally:
+        gc.enable()
 
 
 @pytest.mark.gpu
