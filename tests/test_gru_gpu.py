@@ -107,28 +107,36 @@ def test_kernels_with_lengths_match_oracle(cp, poison, rng, T, B, I, H, bidirect
 
 @pytest.mark.parametrize("path", ["small", "steps", "fast"])
 def test_a_call_s_memory_is_back_when_its_results_go_without_the_collector(cp, rng, path):
-    """No reference cycle holds a call's arrays: with Python's garbage collector off, CuPy's
-    pool holds what it held before once a train step's results are dropped."""
+    """No reference cycle holds a call's arrays: with Python's garbage collector off, a
+    memory pool of the test's own (the sanitizer's runs turn CuPy's pool off) holds what it
+    held before once a train step's results are dropped."""
     import gc
+    if os.environ.get("CK_NO_POOL"):
+        pytest.skip("under compute-sanitizer each call leaves about 23 KB and 50 objects to "
+                    "the garbage collector (none in a plain run; docs/gpu-report.md)")
     p = to_gpu(cp, problem(rng, 6, 3, 5, 8, True))
-    pool = cp.get_default_memory_pool()
+    pool = cp.cuda.MemoryPool()
+
+    def step():
+        y, hn, saved = cugru.gru_forward(p["x"], None, *weights(p), bidirectional=True,
+                                         path=path)
+        return cugru.gru_backward(y, hn, saved, path=path)
+    _device.clear_scratch()
     gc.collect()
     gc.disable()
     try:
-        def step():
-            y, hn, saved = cugru.gru_forward(p["x"], None, *weights(p), bidirectional=True,
-                                             path=path)
-            return cugru.gru_backward(y, hn, saved, path=path)
-        for _ in range(2):          # (cugru's kept temporaries exist from the first on)
-            step()
-        cp.cuda.Device().synchronize()
-        before = pool.used_bytes()
-        grads = step()
-        assert pool.used_bytes() > before
-        del grads
-        assert pool.used_bytes() == before
+        with cp.cuda.using_allocator(pool.malloc):
+            for _ in range(2):      # (cugru's kept temporaries exist from the first on)
+                step()
+            cp.cuda.Device().synchronize()
+            before = pool.used_bytes()
+            grads = step()
+            assert pool.used_bytes() > before
+            del grads
+            assert pool.used_bytes() == before
     finally:
         gc.enable()
+        _device.clear_scratch()
 
 
 def test_lengths_from_numpy_cupy_or_a_list_give_the_same_bits(cp, rng):
