@@ -13,6 +13,9 @@ gradient none), wall clock per step of back-to-back steps (ms):
 - the adapter's own cost: one layer at T = B = I = H = 1 (the host's work alone), the module
   against cugru's functional calls on the same arrays (gru_forward, and gru_forward then
   gru_backward); goal: at most 30 µs a call above them.
+- graphed: S1, S4, S7 (one layer) and the 2-layer padded model, a train step captured in a
+  CUDA graph and replayed, ours and nn.GRU's (no goal: where an eager step is bound by the
+  host, this is what the kernels give).
 - lengths: cugru.gru_forward/gru_backward on one layer (H = 256, B = 64, T = 100, I = 128,
   bidirectional; and S1) without lengths, with every length T, and with lengths drawn
   uniformly in 1..T (mean about T/2); goals: all-T costs nothing (ratio 1), the half-length
@@ -123,6 +126,60 @@ def adapter(repeat):
             "train overhead": t["module train"] - t["functional train"]}
 
 
+#: (label, layers, T, B, I, H, bidirectional): train steps captured in a CUDA graph
+GRAPHED = [("S1 (1 layer)", 1, *SHAPES["S1"]), ("S4 (1 layer)", 1, *SHAPES["S4"]),
+           ("S7 (1 layer)", 1, *SHAPES["S7"]),
+           ("2 layers bi, padded", 2, 100, 64, 128, 256, True)]
+
+
+def captured_step(torch, module, x, dy):
+    """A train step of `module` on x with output gradient dy, captured in a CUDA graph
+    (torch.cuda.graph, after warm-up steps on a side stream, as torch's docs prescribe):
+    returns the graph; each replay accumulates into the parameters' .grad and x.grad."""
+    def step():
+        y, _ = module(x)
+        torch.autograd.backward(y, dy)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def graphed(repeat):
+    """Train steps replayed from a CUDA graph, ours and nn.GRU's (each captured the same
+    way), beside the same steps run eagerly: where the host sets the pace of an eager step,
+    a replay costs the GPU's work."""
+    import cugru.torch as ct
+    torch = timing.torch_cuda()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for label, L, T, B, I, H, bi in GRAPHED:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(T, B, I, generator=g).cuda().requires_grad_()
+        dy = torch.randn(T, B, (2 if bi else 1) * H, generator=g).cuda()
+        ref = torch.nn.GRU(I, H, num_layers=L, bidirectional=bi).cuda()
+        ours = ct.GRU(I, H, num_layers=L, bidirectional=bi, device="cuda",
+                      dtype=torch.float32)
+        ours.load_state_dict(ref.state_dict())
+        row = {"case": label, "shape": [L, T, B, I, H, bi]}
+        for name, module in (("ours", ours), ("cudnn", ref)):
+            graph = captured_step(torch, module, x, dy)
+            row[f"{name} graphed ms"] = timing.host_time_us(
+                graph.replay, n_repeat=max(5, repeat // 20), sync=_sync) / 1e3
+            row[f"{name} eager ms"] = timing.host_time_us(
+                _model_step(torch, module, x, None, dy), n_repeat=max(5, repeat // 20),
+                sync=_sync) / 1e3
+        rows.append(row)
+    return rows
+
+
 def lengths_rows(repeat):
     import cugru
     cp = timing._cp()
@@ -150,7 +207,7 @@ def measure(repeat):
     if timing.torch_cuda() is None:
         raise SystemExit("bench.torch_gru needs torch with CUDA")
     return {"models": models(repeat), "adapter": adapter(repeat),
-            "lengths": lengths_rows(repeat)}
+            "lengths": lengths_rows(repeat), "graphed": graphed(repeat)}
 
 
 def goals(res):
@@ -196,6 +253,20 @@ def markdown(res):
     for r in res["lengths"]:
         out.append(f"| {r['case']} | {r['none ms']:.3f} | {r['all T ms']:.3f} | "
                    f"{r['1..T ms']:.3f} ({r['mean length']:.0f}) |")
+    if res.get("graphed"):
+        out += ["", "Train steps captured in a CUDA graph (torch.cuda.graph) and replayed, "
+                "each module captured the same way, ms a replay; beside them the same steps "
+                "run eagerly:", "",
+                "| model | layers, T, B, I, H, bi | ours graphed | nn.GRU graphed | ratio "
+                "graphed | ours eager | nn.GRU eager | ratio eager |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in res["graphed"]:
+            out.append(
+                f"| {r['case']} | {', '.join(map(str, r['shape']))} | "
+                f"{r['ours graphed ms']:.3f} | {r['cudnn graphed ms']:.3f} | "
+                f"{r['cudnn graphed ms'] / r['ours graphed ms']:.2f}x | "
+                f"{r['ours eager ms']:.3f} | {r['cudnn eager ms']:.3f} | "
+                f"{r['cudnn eager ms'] / r['ours eager ms']:.2f}x |")
     return out + ["", "Goals:"] + goals(res)
 
 

@@ -176,13 +176,72 @@ def _host_scalars(dtype):
     return got
 
 
+class _Cublas:
+    """cuBLAS' strided-batched GEMMs and the settings they need, called on the library CuPy
+    loaded (its handles are that library's), through ctypes: CuPy's wrappers set the stream
+    before every call and refuse any call while the stream is being captured into a CUDA
+    graph, which cuBLAS itself allows (its workspace comes from cudaMallocAsync since CUDA
+    12.2). Loaded once; None where the library cannot be found (then CuPy's wrappers)."""
+
+    def __init__(self, lib):
+        i32, i64, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+        self.set_stream = lib.cublasSetStream_v2
+        self.set_stream.argtypes = [ptr, ptr]
+        self.get_mode = lib.cublasGetPointerMode_v2
+        self.get_mode.argtypes = [ptr, ctypes.POINTER(i32)]
+        self.set_mode = lib.cublasSetPointerMode_v2
+        self.set_mode.argtypes = [ptr, i32]
+        gemm_args = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, i64, ptr, i32, i64, ptr, ptr,
+                     i32, i64, i32]
+        self.gemm = {}
+        for itemsize, name in ((4, "cublasSgemmStridedBatched"),
+                               (8, "cublasDgemmStridedBatched")):
+            fn = getattr(lib, name)
+            fn.argtypes = gemm_args
+            fn.restype = ctypes.c_int
+            self.gemm[itemsize] = fn
+        for fn in (self.set_stream, self.get_mode, self.set_mode):
+            fn.restype = ctypes.c_int
+
+    @staticmethod
+    def check(status, what):
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+
+
+_CUBLAS: list = []
+
+
+def _cublas_lib():
+    """The _Cublas of the libcublas that CuPy loaded (found among the process's mapped
+    files once its cuBLAS module is imported), or None."""
+    if not _CUBLAS:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads the library)
+        found = None
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+            for path in sorted(paths):
+                try:
+                    found = _Cublas(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+                    break
+                except (OSError, AttributeError):
+                    continue
+        except OSError:
+            pass
+        _CUBLAS.append(found)
+    return _CUBLAS[0]
+
+
 class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
-    Use as a context manager around the pass: it sets cuBLAS' pointer mode to host at the
-    first product (and restores it after), keeps alpha and beta in host arrays, and packs a
-    per-step kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one
-    cuBLAS call. GEMM operands are raw addresses (ints); the caller keeps the arrays alive.
+    Use as a context manager around the pass: at the first product it binds cuBLAS' handle
+    to the pass's stream and sets its pointer mode to host (and restores the mode after),
+    keeps alpha and beta in host arrays, and packs a per-step kernel's arguments once
+    (``kernel``), so a step costs one cuLaunchKernel and one cuBLAS call. GEMM operands are
+    raw addresses (ints); the caller keeps the arrays alive. The GEMMs go straight to the
+    cuBLAS library (_Cublas), so a pass may be captured into a CUDA graph.
     """
 
     _cublas = None
@@ -194,6 +253,7 @@ class Loop:
         self.dtype = np.dtype(dtype)
         self.plain = PLAIN_LAUNCH if plain is None else plain
         self._gemm = self._scalars = self.handle = self._mode = None   # (set by the first gemm)
+        self._direct = None
         self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
 
     def __enter__(self):
@@ -201,25 +261,46 @@ class Loop:
 
     def __exit__(self, *exc):
         if self._mode is not None:
-            self._cublas.setPointerMode(self.handle, self._mode)
+            if self._direct is not None:
+                self._direct.set_mode(self.handle, self._mode)
+            else:
+                self._cublas.setPointerMode(self.handle, self._mode)
             self._mode = None
         return False
+
+    def _bind(self):
+        cb = self._cublas
+        self._scalars = _host_scalars(self.dtype.char)
+        self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
+        direct = self._direct = _cublas_lib()
+        if direct is None:
+            self._gemm = (cb.sgemmStridedBatched if self.dtype.itemsize == 4
+                          else cb.dgemmStridedBatched)
+            self._mode = cb.getPointerMode(self.handle)
+            cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
+            return
+        self._gemm = direct.gemm[self.dtype.itemsize]
+        mode = ctypes.c_int(0)
+        direct.check(direct.get_mode(self.handle, ctypes.byref(mode)), "getPointerMode")
+        self._mode = mode.value
+        direct.check(direct.set_mode(self.handle, cb.CUBLAS_POINTER_MODE_HOST),
+                     "setPointerMode")
+        direct.check(direct.set_stream(self.handle, self.stream), "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
         addresses (ints), strides in elements."""
-        cb = self._cublas
         if self._mode is None:
-            self._gemm = (cb.sgemmStridedBatched if self.dtype.itemsize == 4
-                          else cb.dgemmStridedBatched)
-            self._scalars = _host_scalars(self.dtype.char)
-            self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
-            self._mode = cb.getPointerMode(self.handle)
-            cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
-        self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
-                   cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
-                   self._scalars[1.0], A, lda, sA, B, ldb, sB,
-                   self._scalars[float(beta)], C, ldc, sC, batch)
+            self._bind()
+        cb = self._cublas
+        status = self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+                            cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
+                            self._scalars[1.0], A, lda, sA, B, ldb, sB,
+                            self._scalars[float(beta)], C, ldc, sC, batch)
+        if self._direct is not None and status != 0:
+            raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}"
+                               f"gemmStridedBatched failed with status {status} (m={m}, "
+                               f"n={n}, k={k}, batch={batch})")
 
     def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
         """Launch `kern` once with `args` (by parameter name); `cooperative`: every block
