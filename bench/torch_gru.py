@@ -135,7 +135,9 @@ GRAPHED = [("S1 (1 layer)", 1, *SHAPES["S1"]), ("S4 (1 layer)", 1, *SHAPES["S4"]
 def captured_step(torch, module, x, dy):
     """A train step of `module` on x with output gradient dy, captured in a CUDA graph
     (torch.cuda.graph, after warm-up steps on a side stream, as torch's docs prescribe):
-    returns the graph; each replay accumulates into the parameters' .grad and x.grad."""
+    returns the graph. The gradients are set to None before the capture, so the graph
+    makes them (the parameters' .grad and x.grad then lie in its memory) and each replay
+    writes them anew."""
     def step():
         y, _ = module(x)
         torch.autograd.backward(y, dy)
@@ -145,6 +147,8 @@ def captured_step(torch, module, x, dy):
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
+    module.zero_grad(set_to_none=True)
+    x.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

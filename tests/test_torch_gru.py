@@ -388,9 +388,7 @@ def test_a_train_step_captured_in_a_cuda_graph_replays_the_eager_bits(path):
     x = torch.randn(9, 4, 16, **f32, requires_grad=True)
     dy = torch.randn(9, 4, 64, **f32)
 
-    def step():
-        y, _ = gru(x)
-        torch.autograd.backward(y, dy)
+    from bench.torch_gru import captured_step
 
     def eager_grads(x_value):
         x2 = x_value.detach().clone().requires_grad_()
@@ -398,17 +396,7 @@ def test_a_train_step_captured_in_a_cuda_graph_replays_the_eager_bits(path):
         y, _ = gru(x2)
         torch.autograd.backward(y, dy)
         return [x2.grad.clone()] + [p.grad.clone() for p in gru.parameters()]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    gru.zero_grad(set_to_none=True)
-    x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured_step(torch, gru, x, dy)
     grads = [x.grad] + [p.grad for p in gru.parameters()]     # (the graph's memory)
     for value in (x.detach().clone(), torch.randn(9, 4, 16, **f32)):
         with torch.no_grad():
