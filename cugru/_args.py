@@ -102,6 +102,10 @@ def check_lengths(lengths, T, B, xp):
         return None
     if xp is np:
         return host.astype(np.int64)
+    if xp.cuda.runtime.streamIsCapturing(xp.cuda.get_current_stream().ptr):
+        raise ValueError("lengths cannot be taken while the stream is captured into a CUDA "
+                         "graph (they are checked and uploaded from the host); capture calls "
+                         "without lengths, or with every length T")
     return xp.asarray(host.astype(np.int32))
 
 

@@ -411,6 +411,23 @@ def test_a_train_step_captured_in_a_cuda_graph_replays_the_eager_bits(path):
 
 
 @pytest.mark.gpu
+def test_variable_lengths_under_capture_are_a_clear_error():
+    f32 = dict(dtype=torch.float32, device="cuda")
+    gru = GRU(16, 32, **f32)
+    # (sorted lengths: unsorted ones make torch's own pad_packed_sequence read its
+    # indices back to the host, which a capture refuses before cugru sees the lengths)
+    packed = rnn.pack_padded_sequence(torch.randn(9, 4, 16, **f32), torch.tensor([9, 7, 5, 3]))
+    gru(packed)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="lengths cannot be taken while the stream is "
+                                         "captured"):
+        with torch.cuda.graph(graph):
+            gru(packed)
+    y, _ = gru(packed)              # (the stream and the module are sound after it)
+    assert torch.isfinite(y.data).all()
+
+
+@pytest.mark.gpu
 def test_path_and_devices_reach_cugru_as_given():
     """path= is cugru's plan (the small path refuses a shape beyond it); a hidden state or a
     module on another device than the input is an error naming it, not a bad address."""
