@@ -13,6 +13,7 @@ import numpy as np
 
 from cukernels import checks
 
+from . import _device
 from .quant import check_quant
 from .saved import GruSaved
 
@@ -70,6 +71,10 @@ def check_lengths(lengths, T, B, xp):
     where every length is T: then the call is the same as without lengths."""
     if lengths is None:
         return None
+    if xp is not np and _device.capturing(xp):
+        raise ValueError("lengths cannot be taken while the stream is captured into a CUDA "
+                         "graph (they are checked on the host, and uploaded); capture calls "
+                         "without lengths")
     nd = checks._cupy_ndarray()
     on_gpu = nd is not None and isinstance(lengths, nd)
     if on_gpu and xp is np:
@@ -102,10 +107,6 @@ def check_lengths(lengths, T, B, xp):
         return None
     if xp is np:
         return host.astype(np.int64)
-    if xp.cuda.runtime.streamIsCapturing(xp.cuda.get_current_stream().ptr):
-        raise ValueError("lengths cannot be taken while the stream is captured into a CUDA "
-                         "graph (they are checked and uploaded from the host); capture calls "
-                         "without lengths, or with every length T")
     return xp.asarray(host.astype(np.int32))
 
 

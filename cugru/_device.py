@@ -9,6 +9,7 @@ with the least host work per call.
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 
 import numpy as np
@@ -65,8 +66,12 @@ def scratch(name, dtype, *shapes):
     dt = np.dtype(dtype)
     if _elements(shapes) * dt.itemsize > SCRATCH_BYTES:
         return tuple(cp.empty(s, dt) for s in shapes)
-    key = (name, shapes, dt.char, cp.cuda.runtime.getDevice(),
-           cp.cuda.get_current_stream().ptr, threading.get_ident())
+    stream = cp.cuda.get_current_stream().ptr
+    if capturing(cp, stream):
+        # (a CUDA graph keeps the addresses it captured: temporaries of its own, which die
+        # with the capture's memory, not kept ones another call would write)
+        return outputs(dt, *shapes)
+    key = (name, shapes, dt.char, cp.cuda.runtime.getDevice(), stream, threading.get_ident())
     with _SCRATCH_LOCK:
         arrays = _SCRATCH.pop(key, None)
         if arrays is None:
@@ -75,6 +80,18 @@ def scratch(name, dtype, *shapes):
                 _SCRATCH.pop(next(iter(_SCRATCH)))
         _SCRATCH[key] = arrays      # (most recently used last)
     return arrays
+
+
+def capturing(cp, stream=None) -> bool:
+    """Whether `stream` (default: the current one) is being captured into a CUDA graph (the
+    legacy default stream, while another thread captures, answers with an error: counted
+    as capturing)."""
+    try:
+        if stream is None:
+            stream = cp.cuda.get_current_stream().ptr
+        return bool(cp.cuda.runtime.streamIsCapturing(stream))
+    except cp.cuda.runtime.CUDARuntimeError:
+        return True
 
 
 def _elements(shapes):
@@ -209,28 +226,44 @@ class _Cublas:
             raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
 
-_CUBLAS: list = []
+_CUBLAS: dict = {}
 
 
-def _cublas_lib():
-    """The _Cublas of the libcublas that CuPy loaded (found among the process's mapped
-    files once its cuBLAS module is imported), or None."""
-    if not _CUBLAS:
-        from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads the library)
+def pick_cublas(paths, version):
+    """Of the libcublas files mapped in the process, the one of cuBLAS `version` (major *
+    10000 + minor * 100 + patch, as cublasGetVersion gives it): the file whose name carries
+    that major, if exactly one does, or the only file where none does; else None. (With
+    two files of one major, which one CuPy calls is not known: CuPy's wrappers serve then.)"""
+    major = version // 10000
+    found = {p for p in paths
+             if re.search(rf"/libcublas\.so\.{major}(\.[0-9.]*)?$", p)}
+    if not found and len(paths) == 1:
+        found = set(paths)
+    return found.pop() if len(found) == 1 else None
+
+
+def _cublas_lib(handle):
+    """The _Cublas of the libcublas that CuPy calls (pick_cublas among the files the
+    process maps, checked by the version it reports for CuPy's handle), or None."""
+    if "lib" not in _CUBLAS:
+        from cupy_backends.cuda.libs import cublas
         found = None
         try:
+            version = cublas.getVersion(handle)
             with open("/proc/self/maps") as maps:
                 paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
-            for path in sorted(paths):
-                try:
-                    found = _Cublas(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
-                    break
-                except (OSError, AttributeError):
-                    continue
-        except OSError:
-            pass
-        _CUBLAS.append(found)
-    return _CUBLAS[0]
+            path = pick_cublas(paths, version)
+            if path is not None:
+                lib = ctypes.CDLL(path)
+                got = ctypes.c_int(0)
+                lib.cublasGetVersion_v2.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+                if lib.cublasGetVersion_v2(handle, ctypes.byref(got)) == 0 and \
+                        got.value == version:
+                    found = _Cublas(lib)
+        except (OSError, AttributeError, ValueError):
+            found = None
+        _CUBLAS["lib"] = found
+    return _CUBLAS["lib"]
 
 
 class Loop:
@@ -262,7 +295,9 @@ class Loop:
     def __exit__(self, *exc):
         if self._mode is not None:
             if self._direct is not None:
-                self._direct.set_mode(self.handle, self._mode)
+                # (CuPy's wrappers bind their stream again before each call of theirs)
+                self._direct.check(self._direct.set_mode(self.handle, self._mode),
+                                   "setPointerMode")
             else:
                 self._cublas.setPointerMode(self.handle, self._mode)
             self._mode = None
@@ -272,7 +307,7 @@ class Loop:
         cb = self._cublas
         self._scalars = _host_scalars(self.dtype.char)
         self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
-        direct = self._direct = _cublas_lib()
+        direct = self._direct = _cublas_lib(self.handle)
         if direct is None:
             self._gemm = (cb.sgemmStridedBatched if self.dtype.itemsize == 4
                           else cb.dgemmStridedBatched)

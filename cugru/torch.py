@@ -14,8 +14,9 @@ float64 on the CPU). float32 and float64.
 Each layer is one call of the operator ``torch.ops.cugru.gru_layer`` (its backward
 ``torch.ops.cugru.gru_layer_backward``), registered with torch.library with its autograd
 formula and its shapes for tracing ("fake" tensors), so that torch.compile traces through
-it without a graph break. Eager calls run the same two functions through a plain
-torch.autograd.Function, which costs the host less per call.
+it without a graph break. Eager calls run the same passes through a plain
+torch.autograd.Function with two outputs, which keeps the forward's GruSaved for its
+backward pass and costs the host less per call (_eager_forward).
 
 Keyword arguments beyond nn.GRU's: ``quant`` (a cugru.QuantSpec: quantization-aware
 training of every layer) and ``path`` (cugru's plan choice, "auto" by default).
@@ -130,8 +131,12 @@ class _OnDevice:
         # (what undoes the settings refers to nothing that refers back to this object: a
         # cycle would keep the call's tensors, `made`, alive until the garbage collector
         # runs)
-        self._restore = (previous, _allocator_set(cp, self._allocate),
-                         runtime.made_by(self._make))
+        try:
+            undo_alloc = _allocator_set(cp, self._allocate)
+        except BaseException:
+            self._stream.__exit__(None, None, None)
+            raise
+        self._restore = (previous, undo_alloc, runtime.made_by(self._make))
         return self
 
     def __exit__(self, *exc):
@@ -177,10 +182,13 @@ class _OnDevice:
             raise ValueError(f"cugru.torch: a tensor on {t.device} (contiguous: "
                              f"{t.is_contiguous()}) where a contiguous tensor on cuda:"
                              f"{self.index} is needed")
+        dt = _NP.get(t.dtype)
+        if dt is None:
+            raise TypeError(f"cugru.torch: a {t.dtype} tensor where cugru takes "
+                            f"{', '.join(str(k) for k in _NP)}")
         cp = self.cp
         mem = cp.cuda.UnownedMemory(t.data_ptr(), t.nbytes, t, self.index)
-        return cp.ndarray(tuple(t.shape), _NP.get(t.dtype, np.int64),
-                          cp.cuda.MemoryPointer(mem, 0))
+        return cp.ndarray(tuple(t.shape), dt, cp.cuda.MemoryPointer(mem, 0))
 
     def unowned(self, a):
         """`a` (C-contiguous) as an array on the same memory that keeps nothing alive."""
@@ -253,22 +261,30 @@ def _unstacked(grads, D):
     return [g[d] for d in range(2) for g in grads]
 
 
+def _run_forward(on, x, h0, weights, lengths, D, training, spec, path):
+    """cugru's forward call on one layer's tensors: (y, h_n, GruSaved or None) as arrays,
+    cupy ones within `on` (an entered _OnDevice), or the oracle's where `on` is None."""
+    kw = dict(bidirectional=D == 2, training=training, quant=spec, lengths=_lengths(lengths),
+              path=path)
+    if on is None:
+        w = _stacked(np, [_host(t) for t in weights], D)
+        return oracle.gru_forward(_host(x), _host(h0), *w, **kw)
+    w = _stacked(on.cp, [on.arr(t) for t in weights], D)
+    return gru_forward(on.arr(x), on.arr(h0), *w, **kw)
+
+
 def _layer_forward(x, h0, weights, lengths, bidirectional, training, quant, path="auto"):
     """One layer's forward pass on tensors: (y, h_n, hs, gates, x_q, w_ih_q, w_hh_q); the
     history (hs, gates) and the quantized operands are empty tensors where the pass keeps
     none (x_q also where x is not quantized: the backward pass then takes x itself)."""
     spec = _list_to_spec(quant)
     D = 2 if bidirectional else 1
-    kw = dict(bidirectional=bidirectional, training=training, quant=spec,
-              lengths=_lengths(lengths), path=path)
     if x.is_cuda:
         with _OnDevice(x.device) as on:
-            w = _stacked(on.cp, [on.arr(t) for t in weights], D)
-            return _forward_results(x, spec, on.tensor,
-                                    *gru_forward(on.arr(x), on.arr(h0), *w, **kw))
-    w = _stacked(np, [_host(t) for t in weights], D)
-    return _forward_results(x, spec, _tensor,
-                            *oracle.gru_forward(_host(x), _host(h0), *w, **kw))
+            return _forward_results(x, spec, on.tensor, *_run_forward(
+                on, x, h0, weights, lengths, D, training, spec, path))
+    return _forward_results(x, spec, _tensor, *_run_forward(
+        None, x, h0, weights, lengths, D, training, spec, path))
 
 
 def _forward_results(x, spec, tensor, y, h_n, saved):
@@ -414,18 +430,14 @@ def _eager_forward(ctx, x, h0, weights, lengths, D, spec, path):
     decides their lifetime (freed after backward), checks them for changes in place and
     applies saved-tensor hooks; the backward pass checks that they come back at the same
     addresses (else it makes the arrays anew on what comes back)."""
-    kw = dict(bidirectional=D == 2, training=True, quant=spec, lengths=_lengths(lengths),
-              path=path)
     keep = [x, h0, *weights]
     if not x.is_cuda:
-        w = _stacked(np, [_host(t) for t in weights], D)
-        y, h_n, saved = oracle.gru_forward(_host(x), _host(h0), *w, **kw)
+        y, h_n, saved = _run_forward(None, x, h0, weights, lengths, D, True, spec, path)
         ctx.save_for_backward(*keep)
         ctx.saved, ctx.fields = saved, ()
         return _tensor(y), _tensor(h_n)
     with _OnDevice(x.device) as on:
-        w = _stacked(on.cp, [on.arr(t) for t in weights], D)
-        y, h_n, saved = gru_forward(on.arr(x), on.arr(h0), *w, **kw)
+        y, h_n, saved = _run_forward(on, x, h0, weights, lengths, D, True, spec, path)
         y, h_n = on.tensor(y), on.tensor(h_n)
         ptrs = {t.data_ptr(): i for i, t in enumerate(keep) if t is not None}
         fields = []
@@ -493,15 +505,11 @@ class _EagerLayer(torch.autograd.Function):
 
 def _infer(x, h0, weights, lengths, D, quant, path):
     """(y, h_n) of one layer with no history kept (no autograd)."""
-    kw = dict(bidirectional=D == 2, training=False, quant=quant, lengths=_lengths(lengths),
-              path=path)
     if not x.is_cuda:
-        w = _stacked(np, [_host(t) for t in weights], D)
-        y, h_n, _ = oracle.gru_forward(_host(x), _host(h0), *w, **kw)
+        y, h_n, _ = _run_forward(None, x, h0, weights, lengths, D, False, quant, path)
         return _tensor(y), _tensor(h_n)
     with _OnDevice(x.device) as on:
-        w = _stacked(on.cp, [on.arr(t) for t in weights], D)
-        y, h_n, _ = gru_forward(on.arr(x), on.arr(h0), *w, **kw)
+        y, h_n, _ = _run_forward(on, x, h0, weights, lengths, D, False, quant, path)
         return on.tensor(y), on.tensor(h_n)
 
 

@@ -805,3 +805,17 @@ def test_small_path_on_numpy_runs_the_oracle(rng):
     got = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, path="small")
     for a, b in zip(got[:2], ref[:2]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_cublas_file_is_picked_by_the_version_cupy_s_handle_reports():
+    """_device.pick_cublas: the mapped libcublas whose major is the handle's (the only one
+    mapped where no name carries a major); none where two files could be CuPy's."""
+    pick = _device.pick_cublas
+    lt = "/x/libcublasLt.so.13"
+    assert pick({"/a/nvidia/cu13/lib/libcublas.so.13", "/b/libcublas.so.12", lt}, 130100) == \
+        "/a/nvidia/cu13/lib/libcublas.so.13"
+    assert pick({"/b/libcublas.so.12.9.1.4"}, 120901) == "/b/libcublas.so.12.9.1.4"
+    assert pick({"/usr/lib/libcublas.so"}, 130100) == "/usr/lib/libcublas.so"
+    assert pick({"/a/libcublas.so.13", "/b/libcublas.so.13.1.0.3"}, 130100) is None
+    assert pick({"/a/libcublas.so.12", "/b/libcublas.so.11"}, 130100) is None
+    assert pick(set(), 130100) is None

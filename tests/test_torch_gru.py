@@ -210,13 +210,16 @@ def test_quantization_aware_layers_are_the_functional_calls(device, bidirectiona
                                   host(grads[2 + k][d])), f"{name}_l0{s}"
 
 
-def _train_step(gru, x, **hooks):
-    """(y, and the gradients of x and every parameter) after y.sum().backward()."""
+def _train_step(gru, x, h=None):
+    """(y, and the gradients of x, h (when given) and every parameter) after a backward
+    pass of y.square().sum()."""
     x = x.detach().clone().requires_grad_()
+    h = None if h is None else h.detach().clone().requires_grad_()
     gru.zero_grad()
-    y, _ = gru(x)
+    y, _ = gru(x, h)
     y.square().sum().backward()
-    return y.detach(), [x.grad] + [p.grad.clone() for p in gru.parameters()]
+    return y.detach(), [x.grad] + ([] if h is None else [h.grad]) + \
+        [p.grad.clone() for p in gru.parameters()]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -240,28 +243,36 @@ def test_a_change_in_place_before_backward_is_torch_s_error(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_saved_tensor_hooks_and_retain_graph_give_the_same_gradients(device):
+@pytest.mark.parametrize("bidirectional,quant,hx", [(True, False, False), (False, False, True),
+                                                     (True, True, True), (False, True, False)])
+def test_saved_tensor_hooks_and_retain_graph_give_the_same_gradients(device, bidirectional,
+                                                                     quant, hx):
     """Saved-tensor hooks that hand back other tensors (copies at other addresses, or the
-    history moved to the CPU and back) give the same bits as none; backward twice with
+    history moved to the CPU and back) give the same bits as none: on the GPU the backward
+    pass then makes its arrays on what comes back (x, the parameters or their stacked
+    copies, the history, the quantized operands, x and h0 as given); backward twice with
     retain_graph gives the gradients twice."""
     f32 = dict(dtype=torch.float32, device=device)
-    gru = GRU(5, 16, num_layers=2, bidirectional=True, **f32)
+    spec = QuantSpec(8, (1 / 32, 0, -128, 127), (1 / 64, 0, -128, 127), True) if quant \
+        else None
+    gru = GRU(5, 16, num_layers=2, bidirectional=bidirectional, quant=spec, **f32)
     x = torch.randn(7, 3, 5, **f32)
-    plain = _train_step(gru, x)
+    h = torch.randn(2 * (2 if bidirectional else 1), 3, 16, **f32) if hx else None
+    plain = _train_step(gru, x, h)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
-        copied = _train_step(gru, x)
+        copied = _train_step(gru, x, h)
     hooks = [torch.autograd.graph.save_on_cpu()] if device == "cuda" else []
     for hook in hooks:
         with hook:
-            moved = _train_step(gru, x)
+            moved = _train_step(gru, x, h)
         assert all(torch.equal(a, b) for a, b in zip(moved[1], plain[1]))
     assert torch.equal(copied[0], plain[0])
     assert all(torch.equal(a, b) for a, b in zip(copied[1], plain[1]))
     gru.zero_grad()
-    y, _ = gru(x)
+    y, _ = gru(x, h)
     y.square().sum().backward(retain_graph=True)
     y.square().sum().backward()
-    for p, g in zip(gru.parameters(), plain[1][1:]):
+    for p, g in zip(gru.parameters(), plain[1][2 if hx else 1:]):
         assert torch.equal(p.grad, 2 * g)
 
 
