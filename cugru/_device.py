@@ -229,30 +229,34 @@ class _Cublas:
 _CUBLAS: dict = {}
 
 
-def pick_cublas(paths, version):
-    """Of the libcublas files mapped in the process, the one of cuBLAS `version` (major *
-    10000 + minor * 100 + patch, as cublasGetVersion gives it): the file whose name carries
-    that major, if exactly one does, or the only file where none does; else None. (With
-    two files of one major, which one CuPy calls is not known: CuPy's wrappers serve then.)"""
-    major = version // 10000
+def pick_cublas(paths, major):
+    """Of the libcublas files mapped in the process, the one of cuBLAS major version
+    `major`: the file whose name carries that major, if exactly one does, or the only file
+    mapped where its name carries no major; else None. (With two files of one major, which
+    one CuPy calls is not known: CuPy's wrappers serve then.)"""
     found = {p for p in paths
              if re.search(rf"/libcublas\.so\.{major}(\.[0-9.]*)?$", p)}
-    if not found and len(paths) == 1:
+    if not found and len(paths) == 1 and re.search(r"/libcublas\.so$", next(iter(paths))):
         found = set(paths)
     return found.pop() if len(found) == 1 else None
 
 
 def _cublas_lib(handle):
     """The _Cublas of the libcublas that CuPy calls (pick_cublas among the files the
-    process maps, checked by the version it reports for CuPy's handle), or None."""
+    process maps, by the major version cuBLAS reports; checked by the version the file
+    reports for CuPy's handle), or None."""
     if "lib" not in _CUBLAS:
         from cupy_backends.cuda.libs import cublas
         found = None
         try:
             version = cublas.getVersion(handle)
+            try:
+                major = cublas.getProperty(0)       # (libraryPropertyType MAJOR_VERSION)
+            except AttributeError:                  # (the version's encoding: 12.x on
+                major = version // (10000 if version >= 100000 else 1000)   # vs 11.x)
             with open("/proc/self/maps") as maps:
                 paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
-            path = pick_cublas(paths, version)
+            path = pick_cublas(paths, major)
             if path is not None:
                 lib = ctypes.CDLL(path)
                 got = ctypes.c_int(0)

@@ -807,15 +807,16 @@ def test_small_path_on_numpy_runs_the_oracle(rng):
         np.testing.assert_array_equal(a, b)
 
 
-def test_the_cublas_file_is_picked_by_the_version_cupy_s_handle_reports():
-    """_device.pick_cublas: the mapped libcublas whose major is the handle's (the only one
+def test_the_cublas_file_is_picked_by_cublas_major_version():
+    """_device.pick_cublas: the mapped libcublas of cuBLAS' major version (the only one
     mapped where no name carries a major); none where two files could be CuPy's."""
     pick = _device.pick_cublas
     lt = "/x/libcublasLt.so.13"
-    assert pick({"/a/nvidia/cu13/lib/libcublas.so.13", "/b/libcublas.so.12", lt}, 130100) == \
+    assert pick({"/a/nvidia/cu13/lib/libcublas.so.13", "/b/libcublas.so.12", lt}, 13) == \
         "/a/nvidia/cu13/lib/libcublas.so.13"
-    assert pick({"/b/libcublas.so.12.9.1.4"}, 120901) == "/b/libcublas.so.12.9.1.4"
-    assert pick({"/usr/lib/libcublas.so"}, 130100) == "/usr/lib/libcublas.so"
-    assert pick({"/a/libcublas.so.13", "/b/libcublas.so.13.1.0.3"}, 130100) is None
-    assert pick({"/a/libcublas.so.12", "/b/libcublas.so.11"}, 130100) is None
-    assert pick(set(), 130100) is None
+    assert pick({"/b/libcublas.so.12.9.1.4"}, 12) == "/b/libcublas.so.12.9.1.4"
+    assert pick({"/usr/lib/libcublas.so"}, 13) == "/usr/lib/libcublas.so"
+    assert pick({"/a/libcublas.so.13", "/b/libcublas.so.13.1.0.3"}, 13) is None
+    assert pick({"/a/libcublas.so.12", "/b/libcublas.so.11"}, 13) is None
+    assert pick({"/a/libcublas.so.1"}, 13) is None      # (a major 1 is not 13's prefix)
+    assert pick(set(), 13) is None
