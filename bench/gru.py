@@ -152,10 +152,12 @@ def barrier_us(plan, D, repeat, n=2000):
     return max(t_n - t_0, 0.0) / n
 
 
-def torch_gru_calls(torch, p, device, tf32):
-    """(train step, inference) of torch.nn.GRU with the problem's weights (float32)."""
+def torch_gru_calls(torch, p, device, tf32, dtype=None):
+    """(train step, inference) of torch.nn.GRU with the problem's weights (float32, or
+    `dtype`, a torch dtype)."""
     T, B, I, H, D = dims(p)
-    gru = torch.nn.GRU(I, H, bidirectional=p["bi"]).to(device=device, dtype=torch.float32)
+    gru = torch.nn.GRU(I, H, bidirectional=p["bi"]).to(device=device,
+                                                       dtype=dtype or torch.float32)
     sfx = ["", "_reverse"][:D]
     t = lambda a: torch.tensor(a, device=device)  # noqa: E731
     with torch.no_grad():

@@ -130,3 +130,33 @@ def test_torch_gru_table_judges_every_goal():
     assert "- S1 (1 layer): >= 1.5x nn.GRU: NOT met (1.20x)" in missed
     assert any(ln.startswith("- the adapter's cost <= 30 µs a call: NOT met") for ln in missed)
     assert any("(goal <= 0.65: NOT met)" in ln for ln in missed)
+
+
+def test_off_table_report_shows_every_shape_and_each_one_below_its_floor():
+    """bench.offtable: a row per shape and dtype, a geomean per dtype, and every shape and
+    pass below its floor named (float32 train 1.2x, inference 1.0x; float64 1.0x)."""
+    import pytest
+
+    from bench import offtable
+    assert len(offtable.OFF_TABLE) >= 14
+    dims = [shape for shape, _ in offtable.OFF_TABLE.values()]
+    assert any(H % 8 for _, _, _, H, _ in dims) and any(T == 1 for T, *_ in dims)
+    assert any(T >= 1000 for T, *_ in dims) and {1, 3, 512, 1024} <= {d[1] for d in dims}
+    assert any(512 <= d[3] <= 2048 for d in dims) and {True, False} <= {d[4] for d in dims}
+
+    def row(sid, dt, ours_train, ours_infer):
+        return {"id": sid, "shape": [1, 2, 3, 4, False], "why": "w", "dtype": dt,
+                "ours train ms": ours_train, "cudnn train ms": 1.0,
+                "ours infer ms": ours_infer, "cudnn infer ms": 1.0}
+    rows = [row("O1", "float32", 0.5, 1.0), row("O2", "float32", 1.0, 2.0),
+            row("O1", "float64", 1.25, 0.5)]
+    lines = offtable.markdown(rows)
+    assert sum(ln.startswith("| O") for ln in lines) == 3
+    assert any(ln.startswith("| geomean (2 shapes) | | | float32") for ln in lines)
+    assert lines[lines.index("Below the floors (float32: train 1.2x, inference 1.0x; "
+                             "float64: 1.0x):") + 1:] == \
+        ["- O2 float32 train: 1.00x (floor 1.2x)", "- O2 float32 infer: 0.50x (floor 1.0x)",
+         "- O1 float64 train: 0.80x (floor 1.0x)"]
+    assert offtable.markdown([row("O1", "float32", 0.5, 0.5)])[-1] == "- none"
+    with pytest.raises(Exception, match="unknown shape id"):
+        offtable._ids("O1,S1")
