@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from . import gru_report, timing
-from .shapes import CPU_SHAPES, MEMORY_SHAPES, SHAPES, make_problem
+from .shapes import CPU_SHAPES, MEMORY_SHAPES, SHAPES, id_list, make_problem
 from .gru_report import OURS
 
 
@@ -395,19 +395,10 @@ def tile_sweep(shape_ids, repeat):
     return lines
 
 
-def _shape_ids(value):
-    ids = [s for s in value.split(",") if s]
-    bad = [s for s in ids if s not in SHAPES]
-    if bad or not ids:
-        raise argparse.ArgumentTypeError(f"unknown shape id(s) {bad or value!r}; "
-                                         f"choose from {', '.join(SHAPES)}")
-    return ids
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cugru against cuDNN on S1-S10",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shapes", type=_shape_ids, default=list(SHAPES),
+    ap.add_argument("--shapes", type=id_list(SHAPES), default=list(SHAPES),
                     help="comma-separated shape ids")
     ap.add_argument("--out", default=None, help="folder for gru-bench.{json,md} and the plot")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import timing
 from .gru import ours_calls, torch_gru_calls
-from .shapes import make_problem
+from .shapes import id_list, make_problem
 
 #: id -> (T, B, I, H, bidirectional), and what each shape is there for
 OFF_TABLE = {
@@ -106,19 +106,11 @@ def markdown(rows):
         + (low or ["- none"])
 
 
-def _ids(value):
-    ids = [s for s in value.split(",") if s]
-    bad = [s for s in ids if s not in OFF_TABLE]
-    if bad or not ids:
-        raise argparse.ArgumentTypeError(f"unknown shape id(s) {bad or value!r}; choose from "
-                                         f"{', '.join(OFF_TABLE)}")
-    return ids
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shapes", type=_ids, default=list(OFF_TABLE), help="comma-separated ids")
+    ap.add_argument("--shapes", type=id_list(OFF_TABLE), default=list(OFF_TABLE),
+                    help="comma-separated ids")
     ap.add_argument("--dtypes", default="float32,float64", help="float32 and/or float64")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
     ap.add_argument("--json", default=None, help="also write the rows to this file")

@@ -7,6 +7,7 @@ there costs its host time.
 """
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -37,3 +38,14 @@ def make_problem(T, B, I, H, bi, seed=0, dtype=np.float32):
                 w_ih=u(D, 3 * H, I), w_hh=u(D, 3 * H, H), b_ih=u(D, 3 * H), b_hh=u(D, 3 * H),
                 dy=rng.standard_normal((T, B, D * H)).astype(dtype), bi=bi)
 
+
+def id_list(table):
+    """An argparse type: comma-separated ids of `table` (a dict), each checked."""
+    def parse(value):
+        ids = [s for s in value.split(",") if s]
+        bad = [s for s in ids if s not in table]
+        if bad or not ids:
+            raise argparse.ArgumentTypeError(f"unknown shape id(s) {bad or value!r}; "
+                                             f"choose from {', '.join(table)}")
+        return ids
+    return parse

@@ -138,6 +138,7 @@ def test_off_table_report_shows_every_shape_and_each_one_below_its_floor():
     import pytest
 
     from bench import offtable
+    from bench.shapes import id_list
     assert len(offtable.OFF_TABLE) >= 14
     dims = [shape for shape, _ in offtable.OFF_TABLE.values()]
     assert any(H % 8 for _, _, _, H, _ in dims) and any(T == 1 for T, *_ in dims)
@@ -159,4 +160,4 @@ def test_off_table_report_shows_every_shape_and_each_one_below_its_floor():
          "- O1 float64 train: 0.80x (floor 1.0x)"]
     assert offtable.markdown([row("O1", "float32", 0.5, 0.5)])[-1] == "- none"
     with pytest.raises(Exception, match="unknown shape id"):
-        offtable._ids("O1,S1")
+        id_list(offtable.OFF_TABLE)("O1,S1")
