@@ -264,7 +264,7 @@ def _cublas_lib(handle):
                 if lib.cublasGetVersion_v2(handle, ctypes.byref(got)) == 0 and \
                         got.value == version:
                     found = _Cublas(lib)
-        except (OSError, AttributeError, ValueError):
+        except Exception:  # noqa: BLE001 (any failure: CuPy's wrappers serve)
             found = None
         _CUBLAS["lib"] = found
     return _CUBLAS["lib"]
@@ -298,13 +298,14 @@ class Loop:
 
     def __exit__(self, *exc):
         if self._mode is not None:
+            mode, self._mode = self._mode, None
             if self._direct is not None:
                 # (CuPy's wrappers bind their stream again before each call of theirs)
-                self._direct.check(self._direct.set_mode(self.handle, self._mode),
-                                   "setPointerMode")
+                status = self._direct.set_mode(self.handle, mode)
+                if exc[0] is None:      # (an error in the pass goes first)
+                    self._direct.check(status, "setPointerMode")
             else:
-                self._cublas.setPointerMode(self.handle, self._mode)
-            self._mode = None
+                self._cublas.setPointerMode(self.handle, mode)
         return False
 
     def _bind(self):
