@@ -1,0 +1,66 @@
+"""cugru.ddp (data-parallel training under torch DistributedDataParallel) on the CPU with
+gloo: two processes, each on half of every global batch, end with the weights and losses
+of one process on the whole batch; a process that never comes is an error, not a hang."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+try:
+    import torch  # noqa: F401
+except ImportError:          # (CI installs the test extra, torch included)
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("torch is not installed (pip install torch==2.13.0)", allow_module_level=True)
+pytest.importorskip("sklearn")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARGS = ["--device", "cpu", "--dtype", "float64", "--steps", "3", "--global-batch", "8",
+        "--hidden", "8", "--every", "1"]
+
+
+def _start(rank, world, tmp_path, store, *extra):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               PYTHONPATH=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "cugru.ddp", *ARGS, "--init-method",
+                             f"file://{tmp_path / store}", *extra], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(procs, timeout=240):
+    out = [p.communicate(timeout=timeout) for p in procs]
+    for p, (o, e) in zip(procs, out):
+        assert p.returncode == 0, e
+    return out
+
+
+def test_two_processes_end_with_the_weights_of_one_on_the_whole_batch(tmp_path):
+    one = _finish([_start(0, 1, tmp_path, "one", "--save", str(tmp_path / "one.npz"))])
+    two = _finish([_start(r, 2, tmp_path, "two", "--save", str(tmp_path / "two.npz"))
+                   for r in (0, 1)])
+    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert sorted(a.files) == sorted(b.files) and "gru.weight_hh_l1_reverse" in a.files
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-10, atol=1e-12, err_msg=k)
+    assert not np.array_equal(a["gru.weight_ih_l0"], 0)
+    # (rank 0 prints the global loss of each step, the other rank nothing)
+    assert [ln.split(" (")[0] for ln in two[0][0].splitlines()] == \
+        [ln.split(" (")[0] for ln in one[0][0].splitlines()]
+    assert len(one[0][0].splitlines()) == 3 and two[1][0] == ""
+
+
+def test_a_process_that_never_comes_is_an_error_not_a_hang(tmp_path):
+    start = time.perf_counter()
+    (out, err), = [p.communicate(timeout=120) for p in
+                   [_start(0, 2, tmp_path, "alone", "--timeout", "3")]]
+    assert time.perf_counter() - start < 100
+    assert "did not come within --timeout 3 s" in err and "Traceback" not in err
+
+
+def test_a_global_batch_the_processes_cannot_share_is_an_error(tmp_path):
+    p = _start(0, 3, tmp_path, "bad")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0 and "--global-batch 8 is not a multiple of the 3 processes" in err
