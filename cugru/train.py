@@ -64,18 +64,70 @@ CE_EPS = 1e-30
 MAX_CLASSES = 4096
 
 
-class Param:
-    """One parameter array with its optimizer accumulator (descent direction) and moments."""
+class FlatGrads:
+    """Every parameter's gradient accumulator as a view of one flat buffer, so that a
+    data-parallel step reduces one buffer across processes (one all-reduce) and the
+    training code writes the gradients where they are reduced (no copy in or out).
 
-    def __init__(self, xp, value):
+    Each view starts on a 16-byte boundary (cukernels' kernels then move 16-byte packs);
+    the padding between views is zero and stays zero. `pack` copies arrays in, `unpack`
+    gives the views of a flat buffer (this one, or one received from elsewhere)."""
+
+    ALIGN = 16
+
+    def __init__(self, xp, shapes, dtype):
+        dt = np.dtype(dtype)
+        step = max(1, self.ALIGN // dt.itemsize)
+        self.layout, n = {}, 0
+        for name, shape in shapes.items():
+            shape = tuple(int(d) for d in shape)
+            size = math.prod(shape)
+            self.layout[name] = (n, shape)
+            n += -(-size // step) * step
+        self.flat = xp.zeros(n, dt)
+        self.views = self.unpack(self.flat)
+
+    def unpack(self, flat):
+        """The views of `flat` (a buffer of this layout), by parameter name."""
+        if flat.shape != self.flat.shape or flat.dtype != self.flat.dtype:
+            raise ValueError(f"flat has shape {flat.shape} and dtype {flat.dtype}; this "
+                             f"layout needs {self.flat.shape} {self.flat.dtype}")
+        return {name: flat[o:o + math.prod(shape)].reshape(shape)
+                for name, (o, shape) in self.layout.items()}
+
+    def pack(self, arrays):
+        """Copy `arrays` (by parameter name, each of its view's shape) into the buffer;
+        returns the buffer."""
+        if set(arrays) != set(self.layout):
+            raise ValueError(f"arrays must name {sorted(self.layout)}, got {sorted(arrays)}")
+        for name, a in arrays.items():
+            view = self.views[name]
+            if tuple(a.shape) != view.shape:
+                raise ValueError(f"arrays[{name!r}] has shape {tuple(a.shape)}, expected "
+                                 f"{view.shape}")
+            view[...] = a
+        return self.flat
+
+
+class Param:
+    """One parameter array with its optimizer accumulator (descent direction) and moments;
+    `d`: the accumulator, where the caller keeps it (a view of a FlatGrads buffer)."""
+
+    def __init__(self, xp, value, d=None):
         self.w = xp.asarray(value)
-        self.d = xp.zeros_like(self.w)
+        self.d = xp.zeros_like(self.w) if d is None else d
         self.m = [xp.zeros_like(self.w), xp.zeros_like(self.w)]
 
-    def copy(self):
-        """A twin with copies of the weights and of the optimizer's state."""
+    def copy(self, d=None):
+        """A twin with copies of the weights and of the optimizer's state (its accumulator
+        `d` where given, holding a copy of this one's)."""
         twin = object.__new__(Param)
-        twin.w, twin.d, twin.m = self.w.copy(), self.d.copy(), [a.copy() for a in self.m]
+        twin.w, twin.m = self.w.copy(), [a.copy() for a in self.m]
+        if d is None:
+            twin.d = self.d.copy()
+        else:
+            d[...] = self.d
+            twin.d = d
         return twin
 
     def step(self, name, batch, lr, t):
@@ -106,10 +158,12 @@ class Model:
         u = lambda *s: rng.uniform(-k, k, s).astype(dtype)  # noqa: E731
         dense = rng.uniform(-1, 1, (n_classes, 2 * hidden + 1)) * np.sqrt(3 / (2 * hidden))
         dense[:, -1] = 0
-        self.params = {"w_ih": Param(xp, u(2, 3 * hidden, n_features)),
-                       "w_hh": Param(xp, u(2, 3 * hidden, hidden)),
-                       "b_ih": Param(xp, u(2, 3 * hidden)), "b_hh": Param(xp, u(2, 3 * hidden)),
-                       "dense": Param(xp, dense.astype(dtype))}
+        values = {"w_ih": u(2, 3 * hidden, n_features), "w_hh": u(2, 3 * hidden, hidden),
+                  "b_ih": u(2, 3 * hidden), "b_hh": u(2, 3 * hidden),
+                  "dense": dense.astype(dtype)}
+        # (the gradients in one buffer: what a data-parallel step reduces across processes)
+        self.grads = FlatGrads(xp, {k: v.shape for k, v in values.items()}, dtype)
+        self.params = {k: Param(xp, v, self.grads.views[k]) for k, v in values.items()}
 
     def _gru(self, x, training):
         w = [self.params[n].w for n in self.GRU_PARAMS]
@@ -148,7 +202,9 @@ class Model:
         """A twin: the same weights and optimizer state, trained apart from here."""
         twin = object.__new__(Model)
         twin.xp, twin.hidden, twin.quant = self.xp, self.hidden, self.quant
-        twin.params = {name: p.copy() for name, p in self.params.items()}
+        twin.grads = FlatGrads(self.xp, {k: p.w.shape for k, p in self.params.items()},
+                               self.grads.flat.dtype)
+        twin.params = {name: p.copy(twin.grads.views[name]) for name, p in self.params.items()}
         return twin
 
     def accuracy(self, x, labels):

@@ -216,3 +216,46 @@ def test_gpu_run_follows_the_cpu_loss_curve():
     # float32 on both sides; only rounding differs (and grows slowly over the steps)
     np.testing.assert_allclose(b, a, rtol=1e-3)
     assert abs(gpu["accuracy"] - cpu["accuracy"]) <= 0.02
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_gradients_lie_in_one_buffer_packed_and_unpacked_by_name(rng, dtype):
+    """FlatGrads (what a data-parallel step reduces in one call): each parameter's
+    gradient is a view of one flat buffer, starting on a 16-byte boundary, the views
+    disjoint; pack copies arrays in and unpack gives them back, of any buffer of the
+    layout; a wrong name, shape or buffer is an error naming it. The main job's model
+    keeps its accumulators there (and its QAT twin in a buffer of its own)."""
+    shapes = {"a": (2, 3, 5), "b": (7,), "c": (3, 1), "d": (4, 4)}
+    fg = train.FlatGrads(np, shapes, dtype)
+    item = np.dtype(dtype).itemsize
+    starts = sorted(o for o, _ in fg.layout.values())
+    assert all(o * item % 16 == 0 for o in starts)
+    arrays = {k: rng.standard_normal(s).astype(dtype) for k, s in shapes.items()}
+    flat = fg.pack(arrays)
+    assert flat is fg.flat and flat.size >= sum(a.size for a in arrays.values())
+    used = np.zeros(flat.size, bool)
+    for name, (o, shape) in fg.layout.items():
+        n = int(np.prod(shape))
+        assert not used[o:o + n].any()
+        used[o:o + n] = True
+        assert np.shares_memory(fg.views[name], flat)
+    assert (flat[~used] == 0).all()
+    other = flat * 2                              # (a buffer from elsewhere, same layout)
+    for name, view in fg.unpack(other).items():
+        assert np.array_equal(view, 2 * arrays[name]) and np.shares_memory(view, other)
+    fg.views["b"][3] = 9.0
+    assert flat[fg.layout["b"][0] + 3] == 9.0
+    with pytest.raises(ValueError, match="arrays must name"):
+        fg.pack({"a": arrays["a"]})
+    with pytest.raises(ValueError, match=r"arrays\['c'\] has shape \(1, 3\)"):
+        fg.pack({**arrays, "c": arrays["c"].reshape(1, 3)})
+    with pytest.raises(ValueError, match="flat has shape"):
+        fg.unpack(flat[:-1])
+    model = train.Model(np, rng, 8, 5, 10, dtype=dtype)
+    for name, p in model.params.items():
+        assert np.shares_memory(p.d, model.grads.flat) and p.d.shape == p.w.shape
+    model.params["dense"].d[...] = 1.0
+    twin = model.copy()
+    assert np.array_equal(twin.params["dense"].d, model.params["dense"].d)
+    assert not np.shares_memory(twin.grads.flat, model.grads.flat)
+    assert all(np.shares_memory(p.d, twin.grads.flat) for p in twin.params.values())
