@@ -132,6 +132,10 @@ def run(args):
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         if rank == 0 and args.save:
             np.savez(args.save, losses=np.array(losses), **state)
+        # (every process done before the group goes, and DDP's reducer gone before it: a
+        # process that leaves with the backend's threads still running aborts at exit)
+        dist.barrier()
+        del ddp, opt
         return losses, state
     finally:
         dist.destroy_process_group()
@@ -155,5 +159,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def _exit_now(code):
+    """Leave without the interpreter's teardown: with DDP on gloo, a backend thread still
+    finishing at teardown aborts the process now and then (std::terminate) after the work
+    is done and saved; every result is written and flushed before this."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

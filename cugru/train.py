@@ -47,7 +47,7 @@ import numpy as np
 import cukernels as ck
 from cukernels import runtime
 
-from . import gru_backward, gru_forward, qat
+from . import _dist, gru_backward, gru_forward, qat
 from .quant import QuantSpec
 
 OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop", "adadelta", "adam")
@@ -290,9 +290,12 @@ QAT_LEVELS = (-128, 127)
 
 
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
-          data=None, progress=True, qat_epochs=0, freeze_epochs=2):
+          data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, timeout=600.0):
     """Train and evaluate; returns a dict with the history, accuracy, timings and model.
-    With qat_epochs, quantization-aware epochs follow (see the module's doc)."""
+    With qat_epochs, quantization-aware epochs follow (see the module's doc). `group` (a
+    cugru._dist.Group): data-parallel, this process training on its slice of every batch
+    (batch / processes rows), the gradients summed over the processes before each step;
+    a step not taken within `timeout` seconds stops the process."""
     if device == "auto":
         device = "gpu" if ck.gpu_available() else "cpu"
     if device == "gpu" and not ck.gpu_available():
@@ -309,13 +312,21 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     n_test = max(1, len(X) // 5)
     test, tr = order[:n_test], order[n_test:]
     batch = min(batch, len(tr))
+    rank, world = (0, 1) if group is None else (group.rank, group.world)
+    if batch % world:
+        raise ValueError(f"--batch {batch} is not a multiple of the {world} processes "
+                         "(each takes an equal slice of every batch)")
+    if world > 1 and qat_epochs:
+        raise ValueError("--qat runs in one process (its observers see every batch)")
+    share = batch // world
+    dog = None if group is None else _dist.Watchdog(rank, timeout)
     eye = np.eye(n_classes, dtype=np.float32)
     model = Model(xp, rng, X.shape[2], hidden, n_classes)
     x_test = xp.asarray(np.ascontiguousarray(X[test].transpose(1, 0, 2)))
     y_test = xp.asarray(labels[test])
     history, batch_losses, t, start = [], [], 0, time.perf_counter()
     epoch_seconds, mark = [], start
-    bar = _progress((epochs + qat_epochs) * (len(tr) // batch), progress)
+    bar = _progress((epochs + qat_epochs) * (len(tr) // batch), progress and rank == 0)
     batches = lambda idx: xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # noqa
     observers = twin = None
     for epoch in range(epochs + qat_epochs):
@@ -329,6 +340,8 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
         losses = []
         for k in range(0, len(perm) - batch + 1, batch):
             idx = perm[k:k + batch]
+            if world > 1:
+                idx = idx[rank * share:(rank + 1) * share]         # (this process's slice)
             x = batches(idx)                                       # (T, B, I)
             targets = xp.asarray(eye[labels[idx]])
             if observers is not None:
@@ -337,9 +350,15 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
             if observing:
                 observers[0].observe(x)
                 observers[1].observe(qat.states_before_quant(cache[2]))
-            losses.append(float(-(targets * xp.log(p + 1e-12)).sum()) / batch)
-            batch_losses.append(losses[-1])
+            loss = -(targets * xp.log(p + 1e-12)).sum()
             model.backward(p, targets, cache)
+            if world > 1:       # (the batch's loss and gradients, summed over the processes)
+                loss = xp.reshape(loss, (1,)).astype(model.grads.flat.dtype)
+                group.all_reduce(loss)
+                group.all_reduce(model.grads.flat)
+                dog.beat()
+            losses.append(float(loss.sum() if world > 1 else loss) / batch)
+            batch_losses.append(losses[-1])
             t += 1
             model.step(optimizer, batch, lr, t)
             if twin is not None:
@@ -355,6 +374,8 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
         epoch_seconds.append(now - mark)
         mark = now
     bar.close()
+    if dog is not None:
+        dog.stop()
     seconds = time.perf_counter() - start
     # the first epoch also compiles the kernels on a machine that has not cached them
     steady = epoch_seconds[1:epochs] or epoch_seconds[:1]
@@ -515,6 +536,13 @@ def parser():
                     help="the last quantization-aware epochs, with the grids frozen")
     ap.add_argument("--export", default=None,
                     help="with --qat: write the int8 export (cugru.qat.export) to this .npz")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="data-parallel over this many GPUs: one process each, each on its "
+                         "slice of every batch, gradients summed through NCCL (under a "
+                         "launcher such as torchrun, its processes are used instead)")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="data-parallel: seconds a process waits for a step of the others "
+                         "before it stops with an error")
     return ap
 
 
@@ -547,13 +575,49 @@ def main(argv=None) -> int:
         if formats is None:
             ap.error("--plot needs matplotlib (pip install matplotlib), or --plot ''")
         _writable(ap, "--plot", args.plot, formats)
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        ap.error(f"--timeout must be a finite number > 0, got {args.timeout}")
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if args.gpus != 1 and not launched:
+        if args.gpus < 1:
+            ap.error(f"--gpus must be >= 1, got {args.gpus}")
+        if args.device == "cpu" or not ck.gpu_available():
+            ap.error(f"--gpus {args.gpus}: no CUDA GPU with CuPy here (--device cpu runs "
+                     "one process; under a launcher, CPU processes reduce through gloo)")
+        have = runtime.cupy_module().cuda.runtime.getDeviceCount()
+        if args.gpus > have:
+            ap.error(f"--gpus {args.gpus}: this machine has {have} GPU(s)")
+        return _dist.launch(sys.argv[1:] if argv is None else list(argv), args.gpus)
+    device = args.device
+    if device == "auto":
+        device = "gpu" if ck.gpu_available() else "cpu"
+    group = None
+    if launched:
+        world = int(os.environ["WORLD_SIZE"])
+        if args.batch % world:
+            ap.error(f"--batch {args.batch} is not a multiple of the {world} processes (each "
+                     "takes an equal slice of every batch)")
+        if args.qat:
+            ap.error("--qat runs in one process (its observers see every batch)")
+        try:
+            group = _dist.from_env(device, args.timeout)
+        except RuntimeError as e:
+            print(f"cugru-train, rank {os.environ.get('RANK')}: {str(e).strip()} (the "
+                  f"processes did not all come within --timeout {args.timeout:g} s)",
+                  file=sys.stderr)
+            return 1
     try:
-        r = train(args.device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
+        r = train(device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
                   args.seed, args.data, progress=not args.no_progress,
                   qat_epochs=args.qat_epochs if args.qat else 0,
-                  freeze_epochs=args.freeze_epochs)
+                  freeze_epochs=args.freeze_epochs, group=group, timeout=args.timeout)
     except ValueError as e:
         ap.error(str(e))
+    finally:
+        if group is not None:
+            group.close()
+    if group is not None and group.rank != 0:
+        return 0            # (rank 0 reports, saves and plots)
     if r["unused_classes"]:
         print(f"note: {r['unused_classes']} of the {r['classes']} classes (labels 0 .. "
               f"{r['classes'] - 1}) have no sample; their output units learn to predict "
@@ -562,7 +626,8 @@ def main(argv=None) -> int:
         tag = "  (quantization-aware)" if epoch > args.epochs else ""
         print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}{tag}")
     accuracy = r["float_epochs_accuracy"] if args.qat else r["accuracy"]
-    print(f"device {r['device']}: held-out accuracy {accuracy:.3f} after {args.epochs} "
+    over = "" if group is None else f", data-parallel over {group.world} processes"
+    print(f"device {r['device']}{over}: held-out accuracy {accuracy:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "
           f"{r['seconds']:.1f} s in all")

@@ -64,3 +64,54 @@ def test_a_global_batch_the_processes_cannot_share_is_an_error(tmp_path):
     p = _start(0, 3, tmp_path, "bad")
     out, err = p.communicate(timeout=120)
     assert p.returncode != 0 and "--global-batch 8 is not a multiple of the 3 processes" in err
+
+
+# ------------------------------------------------- the main job (cugru.train), data-parallel
+def _main_job(rank, world, port, tmp_path, *extra):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=ROOT)
+    if world == 1:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(k)
+    return subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "cpu",
+                             "--epochs", "2", "--hidden", "16", "--batch", "32", "--plot", "",
+                             "--no-progress", *extra], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_main_job_over_two_processes_follows_the_one_process_curve(tmp_path):
+    """Each process takes half of every batch, their gradient buffers (FlatGrads) are
+    summed through gloo, every process takes the same step: the loss curve and the
+    weights are the one-process run's within float32 rounding; rank 0 alone reports."""
+    from cugru._dist import free_port
+    one = _finish([_main_job(0, 1, 0, tmp_path, "--save", str(tmp_path / "one.npz"))])
+    port = free_port()
+    two = _finish([_main_job(r, 2, port, tmp_path, "--save", str(tmp_path / "two.npz"))
+                   for r in (0, 1)])
+    assert two[1][0] == "" and "data-parallel over 2 processes" in two[0][0]
+
+    def curve(out):
+        return np.array([[float(ln.split()[i]) for i in (3, 6)] for ln in out.splitlines()
+                         if ln.startswith("epoch")])      # (loss, held-out accuracy)
+    np.testing.assert_allclose(curve(two[0][0]), curve(one[0][0]), rtol=1e-6)
+    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-5, err_msg=k)
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a.files) > 0   # (two real runs)
+
+
+def test_the_main_job_s_processes_that_cannot_share_or_never_come_are_errors(tmp_path):
+    from cugru._dist import free_port
+    p = _main_job(0, 3, free_port(), tmp_path)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "--batch 32 is not a multiple of the 3 processes" in err
+    start = time.perf_counter()
+    p = _main_job(0, 2, free_port(), tmp_path, "--timeout", "3")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "did not all come within --timeout 3 s" in err
+    assert "Traceback" not in err and time.perf_counter() - start < 100
+    p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "cpu", "--gpus", "2"],
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "--gpus 2: no CUDA GPU with CuPy here" in err
