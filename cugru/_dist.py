@@ -17,6 +17,15 @@ import threading
 import time
 
 
+#: set by `launch` (so that one process of --gpus 1 takes the data-parallel path too)
+FORCE = "CUGRU_DATA_PARALLEL"
+
+
+def launched() -> bool:
+    """Whether this process is one of a launcher's data-parallel processes."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get(FORCE) == "1"
+
+
 class Group:
     """This process's place among the data-parallel processes, and their all-reduce."""
 
@@ -69,7 +78,7 @@ def from_env(device, timeout):
     """The Group the launcher's environment describes (None for one process): NCCL for
     device "gpu", gloo for "cpu"."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and os.environ.get(FORCE) != "1":
         return None
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -118,7 +127,7 @@ def launch(argv, n):
     """Run `python -m cugru.train argv` as n processes (ranks 0 .. n-1, one per GPU), rank
     0's output on this console; if one fails, stop the others. Returns the exit code."""
     env = dict(os.environ, WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
+               MASTER_PORT=str(free_port()), **{FORCE: "1"})
     procs = []
     for rank in range(n):
         procs.append(subprocess.Popen(

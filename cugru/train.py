@@ -536,10 +536,11 @@ def parser():
                     help="the last quantization-aware epochs, with the grids frozen")
     ap.add_argument("--export", default=None,
                     help="with --qat: write the int8 export (cugru.qat.export) to this .npz")
-    ap.add_argument("--gpus", type=int, default=1,
-                    help="data-parallel over this many GPUs: one process each, each on its "
-                         "slice of every batch, gradients summed through NCCL (under a "
-                         "launcher such as torchrun, its processes are used instead)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="data-parallel over this many GPUs (1 too: the same path): one "
+                         "process each, each on its slice of every batch, gradients summed "
+                         "through NCCL (under a launcher such as torchrun, its processes are "
+                         "used instead); default: one process, no reduction")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="data-parallel: seconds a process waits for a step of the others "
                          "before it stops with an error")
@@ -577,8 +578,8 @@ def main(argv=None) -> int:
         _writable(ap, "--plot", args.plot, formats)
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         ap.error(f"--timeout must be a finite number > 0, got {args.timeout}")
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if args.gpus != 1 and not launched:
+    launched = _dist.launched()
+    if args.gpus is not None and not launched:
         if args.gpus < 1:
             ap.error(f"--gpus must be >= 1, got {args.gpus}")
         if args.device == "cpu" or not ck.gpu_available():
@@ -593,7 +594,7 @@ def main(argv=None) -> int:
         device = "gpu" if ck.gpu_available() else "cpu"
     group = None
     if launched:
-        world = int(os.environ["WORLD_SIZE"])
+        world = int(os.environ.get("WORLD_SIZE", "1"))
         if args.batch % world:
             ap.error(f"--batch {args.batch} is not a multiple of the {world} processes (each "
                      "takes an equal slice of every batch)")

@@ -115,3 +115,42 @@ def test_the_main_job_s_processes_that_cannot_share_or_never_come_are_errors(tmp
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2 and "--gpus 2: no CUDA GPU with CuPy here" in err
+
+
+def test_one_process_on_the_data_parallel_path_is_the_plain_run_bit_for_bit(tmp_path):
+    """A launcher's single process (WORLD_SIZE=1, as --gpus 1 starts it) takes the
+    data-parallel path, its all-reduce over one process an identity: the plain run's
+    losses and weights, bit for bit."""
+    from cugru._dist import FORCE, free_port
+    plain = _finish([_main_job(0, 1, 0, tmp_path, "--save", str(tmp_path / "plain.npz"))])
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=ROOT, **{FORCE: "1"})
+    q = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "cpu", "--epochs",
+                          "2", "--hidden", "16", "--batch", "32", "--plot", "",
+                          "--no-progress", "--save", str(tmp_path / "one.npz")], env=env,
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    (out, err), = _finish([q])
+    assert "data-parallel over 1 processes" in out
+    assert [ln for ln in out.splitlines() if ln.startswith("epoch")] == \
+        [ln for ln in plain[0][0].splitlines() if ln.startswith("epoch")]
+    a, b = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "one.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+@pytest.mark.gpu
+def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
+    """--gpus 1: one process through NCCL (cupyx.distributed) on the GPU follows the plain
+    GPU run (the reduction over one process is an identity)."""
+    runs = {}
+    for name, extra in (("plain", []), ("nccl", ["--gpus", "1"])):
+        p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu",
+                              "--epochs", "2", "--hidden", "16", "--plot", "", "--no-progress",
+                              "--save", str(tmp_path / f"{name}.npz"), *extra],
+                             env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        (out, err), = _finish([p])
+        runs[name] = [ln for ln in out.splitlines() if ln.startswith("epoch")]
+    assert runs["nccl"] == runs["plain"]
+    a, b = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "nccl.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
