@@ -73,6 +73,11 @@ class _Nccl(Group):
     def all_reduce(self, a):
         self._comm.all_reduce(a, a, "sum")
 
+    def close(self):
+        stop = getattr(self._comm, "stop", None)    # (rank 0's rendezvous server)
+        if stop is not None:
+            stop()
+
 
 def from_env(device, timeout):
     """The Group the launcher's environment describes (None for one process): NCCL for
@@ -103,8 +108,9 @@ class Watchdog:
         self._stop = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
 
-    def beat(self):
-        self.last = time.monotonic()
+    def beat(self, extra=0.0):
+        """A step was taken; `extra` seconds more than `timeout` may pass before the next."""
+        self.last = time.monotonic() + extra
 
     def stop(self):
         self._stop.set()
@@ -112,8 +118,9 @@ class Watchdog:
     def _watch(self):
         while not self._stop.wait(min(1.0, self.timeout / 4)):
             if time.monotonic() - self.last > self.timeout:
-                print(f"cugru-train, rank {self.rank}: no step for {self.timeout:g} s (another "
-                      "process failed or hangs); stopping", file=sys.stderr, flush=True)
+                print(f"cugru-train, rank {self.rank}: no progress for {self.timeout:g} s (another "
+                      "process failed, hangs or never came); stopping", file=sys.stderr,
+                      flush=True)
                 os._exit(3)
 
 
@@ -125,27 +132,47 @@ def free_port():
 
 def launch(argv, n):
     """Run `python -m cugru.train argv` as n processes (ranks 0 .. n-1, one per GPU), rank
-    0's output on this console; if one fails, stop the others. Returns the exit code."""
+    0's output on this console; if one fails, stop the others; if this process is stopped
+    (Ctrl-C, SIGTERM) or fails, stop them all. Returns the exit code (128 + the signal for
+    a process a signal ended)."""
+    import signal
+
+    def stop_here(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, stop_here)
     env = dict(os.environ, WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), **{FORCE: "1"})
-    procs = []
-    for rank in range(n):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "cugru.train", *argv],
-            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-            stdout=None if rank == 0 else subprocess.DEVNULL))
-    code = 0
-    while procs:
-        for p in list(procs):
-            rc = p.poll()
-            if rc is None:
-                continue
-            procs.remove(p)
-            if rc != 0 and code == 0:
-                code = rc
-                print(f"cugru-train: a process exited with code {rc}; stopping the others",
-                      file=sys.stderr, flush=True)
-                for q in procs:
-                    q.terminate()
-        time.sleep(0.05)
+               MASTER_PORT=str(free_port()), CUGRU_NCCL_PORT=str(free_port()),
+               **{FORCE: "1"})
+    procs, code = [], 0
+    try:
+        for rank in range(n):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "cugru.train", *argv],
+                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                stdout=None if rank == 0 else subprocess.DEVNULL))
+        running = list(procs)
+        while running:
+            for p in list(running):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                running.remove(p)
+                if rc != 0 and code == 0:
+                    code = rc if rc > 0 else 128 - rc
+                    print(f"cugru-train: a process exited with code {code}; stopping the "
+                          "others", file=sys.stderr, flush=True)
+                    for q in running:
+                        q.terminate()
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     return code

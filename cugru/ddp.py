@@ -134,7 +134,7 @@ def run(args):
             np.savez(args.save, losses=np.array(losses), **state)
         # (every process done before the group goes, and DDP's reducer gone before it: a
         # process that leaves with the backend's threads still running aborts at exit)
-        dist.barrier()
+        dist.barrier(device_ids=[device.index]) if cuda else dist.barrier()
         del ddp, opt
         return losses, state
     finally:

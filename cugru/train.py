@@ -290,12 +290,12 @@ QAT_LEVELS = (-128, 127)
 
 
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
-          data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, timeout=600.0):
+          data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, dog=None):
     """Train and evaluate; returns a dict with the history, accuracy, timings and model.
     With qat_epochs, quantization-aware epochs follow (see the module's doc). `group` (a
     cugru._dist.Group): data-parallel, this process training on its slice of every batch
-    (batch / processes rows), the gradients summed over the processes before each step;
-    a step not taken within `timeout` seconds stops the process."""
+    (batch / processes rows), the loss and the gradients summed over the processes before
+    each step. `dog` (a cugru._dist.Watchdog) is told of every step and evaluation."""
     if device == "auto":
         device = "gpu" if ck.gpu_available() else "cpu"
     if device == "gpu" and not ck.gpu_available():
@@ -319,7 +319,6 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     if world > 1 and qat_epochs:
         raise ValueError("--qat runs in one process (its observers see every batch)")
     share = batch // world
-    dog = None if group is None else _dist.Watchdog(rank, timeout)
     eye = np.eye(n_classes, dtype=np.float32)
     model = Model(xp, rng, X.shape[2], hidden, n_classes)
     x_test = xp.asarray(np.ascontiguousarray(X[test].transpose(1, 0, 2)))
@@ -352,12 +351,13 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
                 observers[1].observe(qat.states_before_quant(cache[2]))
             loss = -(targets * xp.log(p + 1e-12)).sum()
             model.backward(p, targets, cache)
-            if world > 1:       # (the batch's loss and gradients, summed over the processes)
+            if group is not None:   # (the batch's loss and gradients, over the processes)
                 loss = xp.reshape(loss, (1,)).astype(model.grads.flat.dtype)
                 group.all_reduce(loss)
                 group.all_reduce(model.grads.flat)
+            losses.append(float(loss.sum() if group is not None else loss) / batch)
+            if dog is not None:
                 dog.beat()
-            losses.append(float(loss.sum() if world > 1 else loss) / batch)
             batch_losses.append(losses[-1])
             t += 1
             model.step(optimizer, batch, lr, t)
@@ -369,13 +369,13 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
             bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses):.4f}")
         p, _ = model.probabilities(x_test)
         accuracy = float((p.argmax(axis=1) == y_test).mean())   # (waits for the device)
+        if dog is not None:
+            dog.beat()
         history.append((float(np.mean(losses)), accuracy))
         now = time.perf_counter()
         epoch_seconds.append(now - mark)
         mark = now
     bar.close()
-    if dog is not None:
-        dog.stop()
     seconds = time.perf_counter() - start
     # the first epoch also compiles the kernels on a machine that has not cached them
     steady = epoch_seconds[1:epochs] or epoch_seconds[:1]
@@ -579,12 +579,23 @@ def main(argv=None) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         ap.error(f"--timeout must be a finite number > 0, got {args.timeout}")
     launched = _dist.launched()
-    if args.gpus is not None and not launched:
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched else (args.gpus or 1)
+    if args.gpus is not None:
         if args.gpus < 1:
             ap.error(f"--gpus must be >= 1, got {args.gpus}")
-        if args.device == "cpu" or not ck.gpu_available():
-            ap.error(f"--gpus {args.gpus}: no CUDA GPU with CuPy here (--device cpu runs "
-                     "one process; under a launcher, CPU processes reduce through gloo)")
+        if launched and args.gpus != world:
+            ap.error(f"--gpus {args.gpus}, but the launcher started {world} process(es)")
+        if args.device == "cpu":
+            ap.error("--gpus runs one process per GPU; --device cpu trains in one process "
+                     "(under a launcher, CPU processes reduce through gloo)")
+    if args.batch % world:
+        ap.error(f"--batch {args.batch} is not a multiple of the {world} processes (each "
+                 "takes an equal slice of every batch)")
+    if args.qat and world > 1:
+        ap.error("--qat runs in one process (its observers see every batch)")
+    if args.gpus is not None and not launched:
+        if not ck.gpu_available():
+            ap.error(f"--gpus {args.gpus}: no CUDA GPU with CuPy here")
         have = runtime.cupy_module().cuda.runtime.getDeviceCount()
         if args.gpus > have:
             ap.error(f"--gpus {args.gpus}: this machine has {have} GPU(s)")
@@ -592,29 +603,30 @@ def main(argv=None) -> int:
     device = args.device
     if device == "auto":
         device = "gpu" if ck.gpu_available() else "cpu"
-    group = None
+    group = dog = None
     if launched:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if args.batch % world:
-            ap.error(f"--batch {args.batch} is not a multiple of the {world} processes (each "
-                     "takes an equal slice of every batch)")
-        if args.qat:
-            ap.error("--qat runs in one process (its observers see every batch)")
+        # (watched from the rendezvous on: a process that never comes must not leave the
+        # others waiting there for ever)
+        dog = _dist.Watchdog(int(os.environ.get("RANK", "0")), args.timeout)
+        dog.beat(extra=args.timeout)    # (gloo's rendezvous times out first, with its reason)
         try:
             group = _dist.from_env(device, args.timeout)
         except RuntimeError as e:
-            print(f"cugru-train, rank {os.environ.get('RANK')}: {str(e).strip()} (the "
-                  f"processes did not all come within --timeout {args.timeout:g} s)",
-                  file=sys.stderr)
+            dog.stop()
+            print(f"cugru-train, rank {os.environ.get('RANK')}: the processes did not all "
+                  f"meet ({str(e).strip()})", file=sys.stderr)
             return 1
+        dog.beat()
     try:
         r = train(device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
                   args.seed, args.data, progress=not args.no_progress,
                   qat_epochs=args.qat_epochs if args.qat else 0,
-                  freeze_epochs=args.freeze_epochs, group=group, timeout=args.timeout)
+                  freeze_epochs=args.freeze_epochs, group=group, dog=dog)
     except ValueError as e:
         ap.error(str(e))
     finally:
+        if dog is not None:
+            dog.stop()
         if group is not None:
             group.close()
     if group is not None and group.rank != 0:

@@ -108,19 +108,20 @@ def test_the_main_job_s_processes_that_cannot_share_or_never_come_are_errors(tmp
     start = time.perf_counter()
     p = _main_job(0, 2, free_port(), tmp_path, "--timeout", "3")
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 1 and "did not all come within --timeout 3 s" in err
+    assert p.returncode == 1 and "the processes did not all meet" in err
     assert "Traceback" not in err and time.perf_counter() - start < 100
     p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "cpu", "--gpus", "2"],
                          env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 2 and "--gpus 2: no CUDA GPU with CuPy here" in err
+    assert p.returncode == 2 and "--gpus runs one process per GPU; --device cpu" in err
 
 
 def test_one_process_on_the_data_parallel_path_is_the_plain_run_bit_for_bit(tmp_path):
     """A launcher's single process (WORLD_SIZE=1, as --gpus 1 starts it) takes the
-    data-parallel path, its all-reduce over one process an identity: the plain run's
-    losses and weights, bit for bit."""
+    data-parallel path (gloo's rendezvous, an all-reduce of the loss and of the gradient
+    buffer every step, a sum over one process): the plain run's losses and weights, bit
+    for bit."""
     from cugru._dist import FORCE, free_port
     plain = _finish([_main_job(0, 1, 0, tmp_path, "--save", str(tmp_path / "plain.npz"))])
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -138,10 +139,33 @@ def test_one_process_on_the_data_parallel_path_is_the_plain_run_bit_for_bit(tmp_
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
+def test_the_watchdog_leaves_a_healthy_run_alone_and_stops_a_stalled_one(tmp_path):
+    """A data-parallel process that takes a step (or an evaluation) at least every
+    --timeout seconds runs to its end however long it trains; one whose peer stalls stops
+    with a one-line error once --timeout passes."""
+    from cugru._dist import FORCE, free_port
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=ROOT, **{FORCE: "1"})
+    start = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "cpu", "--epochs",
+                          "40", "--hidden", "16", "--plot", "", "--no-progress", "--timeout",
+                          "1"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    (out, err), = _finish([p])
+    assert time.perf_counter() - start > 2 and "epoch  40" in out
+    code = ("import time, cugru._dist as d; w = d.Watchdog(1, 1.0); w.beat(); "
+            "time.sleep(5); print('not stopped')")
+    q = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=60)
+    assert q.returncode == 3 and "rank 1: no progress for 1 s" in q.stderr
+    assert "not stopped" not in q.stdout
+
+
 @pytest.mark.gpu
 def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
-    """--gpus 1: one process through NCCL (cupyx.distributed) on the GPU follows the plain
-    GPU run (the reduction over one process is an identity)."""
+    """--gpus 1: one process through NCCL (cupyx.distributed: its rendezvous and an
+    all-reduce of the loss and of the gradient buffer every step) on the GPU gives the
+    plain GPU run's bits (a sum over one process is an identity)."""
     runs = {}
     for name, extra in (("plain", []), ("nccl", ["--gpus", "1"])):
         p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu",
