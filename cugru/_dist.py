@@ -130,8 +130,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(argv, n):
-    """Run `python -m cugru.train argv` as n processes (ranks 0 .. n-1, one per GPU), rank
+def launch(argv, n, module="cugru.train"):
+    """Run `python -m <module> argv` as n processes (ranks 0 .. n-1, one per GPU), rank
     0's output on this console; if one fails, stop the others; if this process is stopped
     (Ctrl-C, SIGTERM) or fails, stop them all. Returns the exit code (128 + the signal for
     a process a signal ended)."""
@@ -147,7 +147,7 @@ def launch(argv, n):
     try:
         for rank in range(n):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "cugru.train", *argv],
+                [sys.executable, "-m", module, *argv],
                 env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
                 stdout=None if rank == 0 else subprocess.DEVNULL))
         running = list(procs)
@@ -159,7 +159,7 @@ def launch(argv, n):
                 running.remove(p)
                 if rc != 0 and code == 0:
                     code = rc if rc > 0 else 128 - rc
-                    print(f"cugru-train: a process exited with code {code}; stopping the "
+                    print(f"{module}: a process exited with code {code}; stopping the "
                           "others", file=sys.stderr, flush=True)
                     for q in running:
                         q.terminate()

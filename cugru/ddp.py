@@ -50,13 +50,15 @@ def parser():
     return ap
 
 
-def classifier(inputs, hidden, layers, classes, device, dtype):
-    """A torch module: cugru.torch.GRU (bidirectional) and a linear head on the final
-    states of its last layer, from (T, B, inputs) to (B, classes)."""
+def classifier(inputs, hidden, layers, classes, device, dtype, gru=None):
+    """A torch module: cugru.torch.GRU (bidirectional; or `gru`, a class that takes
+    torch.nn.GRU's arguments) and a linear head on the final states of its last layer,
+    from (T, B, inputs) to (B, classes)."""
     import torch
     from torch import nn
 
     from .torch import GRU
+    GRU = gru or GRU
 
     class GRUClassifier(nn.Module):
         def __init__(self):

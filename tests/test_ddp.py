@@ -179,3 +179,96 @@ def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
     assert runs["nccl"] == runs["plain"]
     a, b = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "nccl.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+# ------------------------------------------------------------------ two GPUs or more, NCCL
+def _gpu_count():
+    from cukernels import runtime
+    cupy = runtime.cupy_module()
+    return cupy.cuda.runtime.getDeviceCount() if runtime.gpu_available() else 0
+
+
+two_gpus = pytest.mark.skipif("_gpu_count() < 2", reason="needs two CUDA GPUs")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_ddp_on_two_gpus_ends_with_the_weights_of_one_gpu_on_the_whole_batch(tmp_path):
+    """cugru.ddp under NCCL, float64: two GPUs, each on half of every global batch, end
+    where one GPU on the whole batch ends (DDP averages the two halves' gradients)."""
+    gpu_args = ["--device", "cuda", "--dtype", "float64", "--steps", "5", "--global-batch",
+                "64", "--hidden", "32", "--every", "1"]
+    saved = {}
+    for world in (1, 2):
+        path = tmp_path / f"w{world}.npz"
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                       PYTHONPATH=ROOT)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "cugru.ddp", *gpu_args, "--init-method",
+                 f"file://{tmp_path / f'store{world}'}", "--save", str(path)], env=env,
+                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        out = _finish(procs)
+        assert len(out[0][0].splitlines()) == 5 and (world == 1 or out[1][0] == "")
+        saved[world] = np.load(path)
+    a, b = saved[1], saved[2]
+    assert "gru.weight_hh_l1_reverse" in a.files
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-10, atol=1e-12, err_msg=k)
+    assert not np.array_equal(a["losses"], 0)
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_the_main_job_on_two_gpus_follows_the_one_gpu_curve(tmp_path):
+    """cugru.train --gpus 2 (two processes, NCCL, one gradient buffer all-reduced a step)
+    against the plain run on one GPU, same seed and global batch: the loss curve and the
+    weights within float32 rounding, and the two runs are not the same computation."""
+    runs = {}
+    for name, extra in (("one", []), ("two", ["--gpus", "2"])):
+        p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu",
+                              "--epochs", "3", "--hidden", "32", "--plot", "", "--no-progress",
+                              "--save", str(tmp_path / f"{name}.npz"), *extra],
+                             env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        (out, err), = _finish([p])
+        runs[name] = np.array([[float(ln.split()[i]) for i in (3, 6)] for ln in
+                               out.splitlines() if ln.startswith("epoch")])
+        assert len(runs[name]) == 3
+        if name == "two":
+            assert "data-parallel over 2 processes" in out
+    np.testing.assert_allclose(runs["two"], runs["one"], rtol=1e-5)
+    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-4, err_msg=k)
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a.files) > 0
+
+
+# --------------------------------------------------------------------------- bench.scaling
+def test_the_scaling_benchmark_runs_every_engine_on_one_and_two_cpu_processes(tmp_path):
+    """bench.scaling on the CPU (gloo, the oracle), tiny: a row for every engine and
+    process count, each trained (finite losses, a rate), and the table says what it
+    measured; its bad flags are one-line errors."""
+    import json
+    out = tmp_path / "scaling.json"
+    p = subprocess.run([sys.executable, "-m", "bench.scaling", "--device", "cpu", "--gpus",
+                        "1,2", "--hidden", "8", "--inputs", "4", "--seq", "3", "--batch", "4",
+                        "--steps", "2", "--warmup", "1", "--json", str(out)],
+                       env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    rows = json.load(open(out))["rows"]
+    assert [(r["engine"], r["gpus"]) for r in rows] == [
+        (e, n) for e in ("cugru-ddp", "cudnn-ddp", "cugru-cupy") for n in (1, 2)]
+    for r in rows:
+        assert r["samples_per_s"] > 0 and r["batch"] == 4 and r["steps"] == 2
+        assert len(r["losses"]) == 2 and all(np.isfinite(r["losses"]))
+    assert "| cugru-cupy | 2 | 8 |" in p.stdout and "Goal: >= 1.8x" in p.stdout
+    for flags, msg in ((["--engines", "nope"], "--engines: unknown nope"),
+                       (["--gpus", "0"], "every count must be >= 1"),
+                       (["--gpus", "a"], "--gpus must be counts")):
+        q = subprocess.run([sys.executable, "-m", "bench.scaling", "--device", "cpu", *flags],
+                           env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+        assert q.returncode == 2 and msg in q.stderr

@@ -13,7 +13,7 @@
 and writes OUTDIR/gpu-report.md (copy it to docs/gpu-report.md) with the commit, the GPU,
 the test counts, the sanitizer's findings and the benchmark tables. Logs go to OUTDIR too.
 
-    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,main,before]
+    python tools/gpu_report.py OUTDIR [--commit SHA] [--only tests,sanitizer,bench,gru,main,scaling,before]
                                [--base-tree DIR --base-commit SHA]
     python tools/gpu_report.py OUTDIR --assemble DIR [DIR ...]
 
@@ -354,10 +354,42 @@ def main(argv=None) -> int:
             lines.append(f"- {dev} with `--qat`: {last[-1] if last else f'failed (exit {rc})'}; "
                          f"wall {secs:.1f} s with start-up")
         write(out, "main", lines)
+
+    if "scaling" not in skip:
+        write(out, "scaling", scaling(py, out))
     return assemble(out)
 
 
-PHASES = ("tests", "sanitizer", "bench", "gru", "main", "before")
+def scaling(py, out):
+    """The data-parallel phase: bench.scaling on 1 and 2 GPUs, and the torchrun example
+    (cugru.ddp) on 2; skipped, saying so, on a machine of one GPU."""
+    lines = ["## Data-parallel training on several GPUs (bench/scaling.py, cugru.ddp)", ""]
+    try:
+        import cupy
+        gpus = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001
+        gpus = 0
+    if gpus < 2:
+        return lines + [f"Not run: this machine has {gpus} GPU(s)."]
+    log = os.path.join(out, "scaling-log.txt")
+    rc, secs = sh([py, "-m", "bench.scaling", "--gpus", "1,2"], log, timeout=600)
+    with open(log) as f:
+        text = f.read()
+    table = text[text.find("Workload:"):] if "Workload:" in text else ""
+    lines += [table.strip() if table else f"bench.scaling failed (exit {rc}); see scaling-log.txt",
+              ""]
+    start = os.path.getsize(log)
+    rc, secs = sh([py, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cugru.ddp",
+                   "--steps", "100"], log, timeout=300)
+    with open(log) as f:
+        f.seek(start)
+        last = [ln for ln in f.read().splitlines() if ln.startswith("step 100/")]
+    lines.append(f"- `torchrun --nproc-per-node 2 -m cugru.ddp --steps 100`: "
+                 f"{last[-1] if last else f'failed (exit {rc})'}; wall {secs:.1f} s with start-up")
+    return lines
+
+
+PHASES = ("tests", "sanitizer", "bench", "gru", "main", "scaling", "before")
 
 #: times the first load of the base tree's GRU kernel module(s), in a fresh CuPy cache
 _BASE_COMPILE = r"""
