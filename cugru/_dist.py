@@ -79,6 +79,18 @@ class _Nccl(Group):
             stop()
 
 
+def preload(device):
+    """Import what from_env's group will use (torch.distributed on the CPU, cupyx.distributed
+    on GPUs), so that the time an import takes is not counted as a wait for the others."""
+    if device == "gpu":
+        import cupyx.distributed  # noqa: F401
+    else:
+        try:
+            import torch.distributed  # noqa: F401
+        except ImportError:
+            pass                  # (_Gloo says what to install)
+
+
 def from_env(device, timeout):
     """The Group the launcher's environment describes (None for one process): NCCL for
     device "gpu", gloo for "cpu"."""
@@ -111,6 +123,11 @@ class Watchdog:
     def beat(self, extra=0.0):
         """A step was taken; `extra` seconds more than `timeout` may pass before the next."""
         self.last = time.monotonic() + extra
+
+    def pause(self):
+        """Work of this process's own follows (loading, building), no wait for the others:
+        nothing is watched until the next `beat`."""
+        self.last = float("inf")
 
     def stop(self):
         self._stop.set()

@@ -328,6 +328,8 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
     bar = _progress((epochs + qat_epochs) * (len(tr) // batch), progress and rank == 0)
     batches = lambda idx: xp.asarray(np.ascontiguousarray(X[idx].transpose(1, 0, 2)))  # noqa
     observers = twin = None
+    if dog is not None:
+        dog.beat()      # (the first step's all-reduce waits for the others from here)
     for epoch in range(epochs + qat_epochs):
         if epoch == epochs:         # quantization-aware from here: the observers' first look
             float_epochs_accuracy = history[-1][1]
@@ -607,6 +609,7 @@ def main(argv=None) -> int:
     if launched:
         # (watched from the rendezvous on: a process that never comes must not leave the
         # others waiting there for ever)
+        _dist.preload(device)   # (the backend's imports: seconds on some hosts, not a wait)
         dog = _dist.Watchdog(int(os.environ.get("RANK", "0")), args.timeout)
         dog.beat(extra=args.timeout)    # (gloo's rendezvous times out first, with its reason)
         try:
@@ -616,7 +619,7 @@ def main(argv=None) -> int:
             print(f"cugru-train, rank {os.environ.get('RANK')}: the processes did not all "
                   f"meet ({str(e).strip()})", file=sys.stderr)
             return 1
-        dog.beat()
+        dog.pause()     # (until train's first step: its loading is this process's own)
     try:
         r = train(device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
                   args.seed, args.data, progress=not args.no_progress,

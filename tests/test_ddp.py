@@ -162,6 +162,39 @@ def test_the_watchdog_leaves_a_healthy_run_alone_and_stops_a_stalled_one(tmp_pat
     assert "not stopped" not in q.stdout
 
 
+SLOW_IMPORTS = """import sys, time
+class _Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "sklearn"):
+            time.sleep(3)
+sys.meta_path.insert(0, _Slow())
+"""
+
+
+def test_slow_imports_are_not_waits_for_the_others(tmp_path):
+    """On a host where torch and sklearn take seconds to import (as on some GPU machines),
+    the watchdog neither stops a healthy run with --timeout 1 nor beats gloo's own error to
+    a process that never comes: the imports and the loading are this process's own work."""
+    from cugru._dist import FORCE, free_port
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_IMPORTS)
+    base = dict(os.environ, PYTHONPATH=f"{slow}{os.pathsep}{ROOT}", MASTER_ADDR="127.0.0.1")
+    run = [sys.executable, "-m", "cugru.train", "--device", "cpu", "--hidden", "16", "--plot",
+           "", "--no-progress"]
+    p = subprocess.Popen(run + ["--epochs", "2", "--timeout", "1"], env=dict(
+        base, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()),
+        **{FORCE: "1"}), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    (out, err), = _finish([p])
+    assert "epoch   2" in out
+    q = subprocess.Popen(run + ["--timeout", "3"], env=dict(
+        base, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_PORT=str(free_port())),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = q.communicate(timeout=120)
+    assert q.returncode == 1 and "the processes did not all meet" in err
+
+
 @pytest.mark.gpu
 def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
     """--gpus 1: one process through NCCL (cupyx.distributed: its rendezvous and an
