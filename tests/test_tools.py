@@ -42,6 +42,13 @@ def test_finding_kinds_groups_the_reports_by_kind_and_kernel():
 def test_finding_kinds_of_a_clean_run_is_empty():
     assert gpu_report.finding_kinds("========= COMPUTE-SANITIZER\n"
                                     "========= ERROR SUMMARY: 0 errors\n") == []
+    # (pytest's own banners in the same log are no reports)
+    assert gpu_report.finding_kinds("========= COMPUTE-SANITIZER\n"
+                                    "=========================== short test summary info "
+                                    "============================\n"
+                                    "SKIPPED [1] tests/x.py:3: no\n"
+                                    "========= 3 passed, 1 skipped in 1.00s =========\n"
+                                    "========= ERROR SUMMARY: 0 errors\n") == []
 
 
 def _tool(name):
