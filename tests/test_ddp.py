@@ -195,6 +195,18 @@ def test_slow_imports_are_not_waits_for_the_others(tmp_path):
     assert q.returncode == 1 and "the processes did not all meet" in err
 
 
+def _gpu_run(tmp_path, name, epochs, hidden, *extra):
+    """The main job on the GPU (--epochs, --hidden, more flags), its weights saved to
+    tmp_path/<name>.npz; returns what it printed."""
+    p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu", "--epochs",
+                          epochs, "--hidden", hidden, "--plot", "", "--no-progress", "--save",
+                          str(tmp_path / f"{name}.npz"), *extra],
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (out, err), = _finish([p])
+    return out
+
+
 @pytest.mark.gpu
 def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
     """--gpus 1: one process through NCCL (cupyx.distributed: its rendezvous and an
@@ -202,12 +214,7 @@ def test_the_nccl_path_with_one_gpu_is_the_plain_run(tmp_path):
     plain GPU run's bits (a sum over one process is an identity)."""
     runs = {}
     for name, extra in (("plain", []), ("nccl", ["--gpus", "1"])):
-        p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu",
-                              "--epochs", "2", "--hidden", "16", "--plot", "", "--no-progress",
-                              "--save", str(tmp_path / f"{name}.npz"), *extra],
-                             env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        (out, err), = _finish([p])
+        out = _gpu_run(tmp_path, name, "2", "16", *extra)
         runs[name] = [ln for ln in out.splitlines() if ln.startswith("epoch")]
     assert runs["nccl"] == runs["plain"]
     a, b = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "nccl.npz")
@@ -260,12 +267,7 @@ def test_the_main_job_on_two_gpus_follows_the_one_gpu_curve(tmp_path):
     weights within float32 rounding, and the two runs are not the same computation."""
     runs = {}
     for name, extra in (("one", []), ("two", ["--gpus", "2"])):
-        p = subprocess.Popen([sys.executable, "-m", "cugru.train", "--device", "gpu",
-                              "--epochs", "3", "--hidden", "32", "--plot", "", "--no-progress",
-                              "--save", str(tmp_path / f"{name}.npz"), *extra],
-                             env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        (out, err), = _finish([p])
+        out = _gpu_run(tmp_path, name, "3", "32", *extra)
         runs[name] = np.array([[float(ln.split()[i]) for i in (3, 6)] for ln in
                                out.splitlines() if ln.startswith("epoch")])
         assert len(runs[name]) == 3
