@@ -18,6 +18,44 @@ from .quant import check_quant
 from .saved import GruSaved
 
 _INT_MAX = 2**31 - 1
+
+
+def _half_dtypes():
+    """float16, and bfloat16 where ml_dtypes (the package numpy and CuPy take it from) is
+    installed."""
+    out = [np.dtype(np.float16)]
+    try:
+        import ml_dtypes
+        out.append(np.dtype(ml_dtypes.bfloat16))
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+#: the half-precision data dtypes: numpy arrays only (the oracle, which computes in
+#: float32); the GPU kernels take float32 and float64
+HALF_DTYPES = _half_dtypes()
+#: every dtype the numpy path takes
+NUMPY_DTYPES = checks.FLOAT_DTYPES + HALF_DTYPES
+
+
+def compute_dtype(dtype):
+    """The dtype a pass computes in (and its history holds) for data of `dtype`: float32
+    for float16 and bfloat16 data, else the data's own."""
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else np.dtype(dtype)
+
+
+def _data_dtype(x, xp, quant):
+    """x's dtype, checked: float32 or float64 on both backends, float16 or bfloat16 on
+    numpy (not with quant)."""
+    if xp is not np and x.dtype in HALF_DTYPES:
+        raise TypeError(f"x is {x.dtype}: on the GPU cugru takes float32 and float64 so far; "
+                        f"{' and '.join(d.name for d in HALF_DTYPES)} data runs on numpy arrays "
+                        "(the numpy oracle, computing in float32)")
+    dtype = checks.check_array("x", x, ndim=(3,), floats=NUMPY_DTYPES)
+    if quant is not None and dtype in HALF_DTYPES:
+        raise TypeError(f"quant= takes float32 or float64 data, x is {dtype}")
+    return dtype
 #: the GPU paths: "auto" (the fastest plan for the shape), "fast" (a persistent plan, or an
 #: error), "steps" (one launch per step), "small" (a whole pass in one launch, small shapes
 #: only, or an error); numpy arrays run the oracle whatever the path
@@ -53,13 +91,13 @@ def _weight(name, a, D, rows, cols, cols_of):
         if D != 1:
             raise ValueError(f"{name} has shape {tuple(a.shape)} without a direction axis, but "
                              f"bidirectional=True needs shape {(2,) + base}")
-        checks.check_array(name, a, ndim=None, shape=base,
+        checks.check_array(name, a, ndim=None, shape=base, floats=NUMPY_DTYPES,
                            shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
         return a.reshape((1,) + base), True
     if a.ndim == len(base) + 1 and a.shape[0] != D:
         raise ValueError(f"{name} has {a.shape[0]} direction(s) (shape {tuple(a.shape)}), but "
                          f"bidirectional={D == 2} needs {D}")
-    checks.check_array(name, a, ndim=(len(base) + 1,), shape=(D,) + base,
+    checks.check_array(name, a, ndim=(len(base) + 1,), shape=(D,) + base, floats=NUMPY_DTYPES,
                        shape_of=f"3H = {rows}" + (f" and {cols_of} = {cols}" if cols else ""))
     return a, False
 
@@ -124,7 +162,7 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
     for n, size in (("T", T), ("B", B), ("I", I)):
         if size == 0:
             raise ValueError(f"x has shape {tuple(x.shape)}: {n} = 0; T, B and I must be > 0")
-    dtype = checks.check_array("x", x, ndim=(3,))
+    dtype = _data_dtype(x, xp, quant)
     for name, a in (("w_hh", w_hh), ("w_ih", w_ih), ("b_ih", b_ih), ("b_hh", b_hh)):
         if a.dtype != dtype:
             raise TypeError(f"{name} has dtype {a.dtype}, expected {dtype} (the dtype of x)")
@@ -150,7 +188,8 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
     if h0 is not None and not (h0.dtype == dtype and h0.shape == (D, B, H)
                                and contiguous(h0)):
         checks.check_array("h0", h0, ndim=(3,), dtype=dtype, dtype_of="x", shape=(D, B, H),
-                           shape_of="(D, B, H) from bidirectional, x and w_hh")
+                           shape_of="(D, B, H) from bidirectional, x and w_hh",
+                           floats=NUMPY_DTYPES)
     if max(T * B, G * D, I) > _INT_MAX:
         raise ValueError("x or the weights have a dimension above 2**31 - 1 (T*B, D*3H or I)")
     if lengths is not None:
@@ -169,10 +208,12 @@ def backward_args(dy, dh_n, saved):
     xp = checks.backend(x=saved.x, dy=dy, dh_n=dh_n)
     dtype = saved.x.dtype
     checks.check_array("dy", dy, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
-                       shape=(T, B, D * H), shape_of="y of the forward pass")
+                       shape=(T, B, D * H), shape_of="y of the forward pass",
+                       floats=NUMPY_DTYPES)
     if dh_n is not None:
         checks.check_array("dh_n", dh_n, ndim=(3,), dtype=dtype, dtype_of="the forward input x",
-                           shape=(D, B, H), shape_of="h_n of the forward pass")
+                           shape=(D, B, H), shape_of="h_n of the forward pass",
+                           floats=NUMPY_DTYPES)
     return xp, dims
 
 

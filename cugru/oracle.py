@@ -1,7 +1,9 @@
 """The numpy GRU: the reference the kernels are tested against, and the CPU fallback.
 
 Same names, signatures and results as cugru.gru_forward / cugru.gru_backward, computed in
-the dtype of the inputs. The maths is torch.nn.GRU's (gate order r | z | n, the reset gate
+the dtype of the inputs; float16 and bfloat16 data are computed in float32 from the
+rounded inputs (exact in float32), the history kept in float32 and the results rounded
+once to the data's dtype (the weight gradients summed over every step and row first). The maths is torch.nn.GRU's (gate order r | z | n, the reset gate
 applied to W_hn h + b_hn), written step by step as in docs/api.md:
 
     r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._args import backward_args, check_path, forward_args, shaped_grads
+from ._args import backward_args, check_path, compute_dtype, forward_args, shaped_grads
 from .quant import GATE_N, GATE_RZ, fake_quant, quant_rows
 from .saved import GruSaved
 
@@ -69,9 +71,11 @@ def _gate_grids(quant):
 
 def forward(a):
     """The forward pass on checked arguments (cugru._args.ForwardArgs of numpy arrays)."""
-    x, h0, w_ih, w_hh, b_ih, b_hh = a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh
+    data = a.x.dtype
+    dt = compute_dtype(data)     # (float32 for float16 and bfloat16 data: casts are exact)
+    x, h0, w_ih, w_hh, b_ih, b_hh = (None if v is None else v.astype(dt, copy=False)
+                                     for v in (a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh))
     T, B, I, H, D = a.dims
-    dt = x.dtype
     q = a.quant
     if q is not None:                 # the quantized operands, once per call
         x = _fq(x, q.x_qparams)[0]
@@ -106,11 +110,12 @@ def forward(a):
             gates[d, s] = np.concatenate([r, z, n, hn], axis=1)
         y_d = hs[d, 1:] if runs is None else np.where(runs, hs[d, 1:], 0)
         _step_order(y, d)[:, :, d * H:(d + 1) * H] = y_d
-    h_n = hs[:, T].copy()
+    h_n = hs[:, T].astype(data)           # (a copy in any dtype)
+    y = y.astype(data, copy=False)
     if not a.training:
         return y, h_n, None
-    if q is None:
-        return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, lengths=a.lengths)
+    if q is None:                         # (x and the weights as given: views, no copies)
+        return y, h_n, GruSaved(a.x, a.w_ih, a.w_hh, hs, gates, a.squeeze, lengths=a.lengths)
     return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0, a.lengths)
 
 
@@ -126,7 +131,11 @@ def gru_backward(dy, dh_n, saved, *, path="auto"):
 def backward(dy, dh_n, saved):
     """The backward pass on checked arguments (numpy arrays)."""
     T, B, I, H, D = saved.dims
-    dt = dy.dtype
+    data = dy.dtype
+    dt = compute_dtype(data)              # (the history's dtype)
+    dy = dy.astype(dt, copy=False)
+    dh_n = None if dh_n is None else dh_n.astype(dt, copy=False)
+    x, w_ih, w_hh = (v.astype(dt, copy=False) for v in (saved.x, saved.w_ih, saved.w_hh))
     q = saved.quant
     g_rz, g_n = _gate_grids(q) if q is not None else (None, None)
     dgi = np.empty((T, B, D, 3 * H), dt)      # time order: the rows of x
@@ -162,18 +171,19 @@ def backward(dy, dh_n, saved):
                 direct = np.where(run, direct, carry)
             dgi_d[s] = np.concatenate([dr, dz, dn], axis=1)
             dgh[d, s] = np.concatenate([dr, dz, dn * r_used], axis=1)
-            carry = direct + dgh[d, s] @ saved.w_hh[d]
+            carry = direct + dgh[d, s] @ w_hh[d]
         dh0[d] = carry
     rows_i = dgi.reshape(T * B, D, 3 * H)
-    x2 = saved.x.reshape(T * B, I)
+    x2 = x.reshape(T * B, I)
     dw_ih = np.stack([rows_i[:, d].T @ x2 for d in range(D)])
     dw_hh = np.stack([dgh[d].reshape(T * B, 3 * H).T @ saved.hs[d, :T].reshape(T * B, H)
                       for d in range(D)])
     db_ih = rows_i.sum(axis=0)
     db_hh = dgh.sum(axis=(1, 2))
-    dx = (dgi.reshape(T * B, D * 3 * H) @ saved.w_ih.reshape(D * 3 * H, I)).reshape(T, B, I)
+    dx = (dgi.reshape(T * B, D * 3 * H) @ w_ih.reshape(D * 3 * H, I)).reshape(T, B, I)
     if q is not None:
         dx = dx * _fq(saved.x_real, q.x_qparams)[1]
         if saved.h0_real is not None:
             dh0 = dh0 * _fq(saved.h0_real, q.h_qparams)[1]
-    return (dx, dh0) + shaped_grads(saved, dw_ih, dw_hh, db_ih, db_hh)
+    grads = tuple(g.astype(data, copy=False) for g in (dx, dh0, dw_ih, dw_hh, db_ih, db_hh))
+    return grads[:2] + shaped_grads(saved, *grads[2:])

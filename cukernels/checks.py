@@ -73,11 +73,14 @@ def gpu_flat_type():
     return _CP_FLAT
 
 
-def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None):
-    """Validate one array argument; returns its dtype. Errors name the argument."""
+def check_array(name, a, *, ndim=(1, 2), dtype=None, dtype_of=None, shape=None, shape_of=None,
+                floats=FLOAT_DTYPES):
+    """Validate one array argument; returns its dtype. Errors name the argument. `floats`:
+    the dtypes taken (float32 and float64 unless a caller takes more)."""
     dt = a.dtype
-    if dt not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    if dt not in floats:
+        names = [f.name for f in floats]
+        raise TypeError(f"{name} must be {', '.join(names[:-1])} or {names[-1]}, got {dt}")
     if dtype is not None and dt != dtype:
         raise TypeError(f"{name} has dtype {dt}, expected {np.dtype(dtype)} "
                         f"(the dtype of {dtype_of})")
