@@ -70,3 +70,26 @@ def test_the_tile_diagnostic_s_patches_still_apply_to_the_kernel_source():
     assert len(diag.variants(src)) == 6 and len(diag.grid_variants(src)) == 5
     for marks in (diag.FORWARD_MARKS, diag.BACKWARD_MARKS):
         assert diag.clock_source(src, marks).count("GRU_MARK(") == len(marks) + 1
+
+
+def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path):
+    """The GPU script's sh(): a command that outlives its timeout is stopped together with
+    the processes it started (a launcher's workers must not stay on the GPUs)."""
+    import sys
+    import time
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()")
+    start = time.time()
+    rc, secs = gpu_report.sh([sys.executable, "-c", code], str(tmp_path / "log.txt"), timeout=3)
+    assert rc == "timeout" and time.time() - start < 30
+    pid = int(pid_file.read_text())
+    time.sleep(0.5)
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = [ln for ln in f if ln.startswith("State:")][0]
+        assert "Z" in state, f"the child {pid} still runs: {state}"
+    except FileNotFoundError:
+        pass                                    # (gone, and reaped)
+    assert "[timed out after 3 s]" in (tmp_path / "log.txt").read_text()

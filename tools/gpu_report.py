@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,11 +60,24 @@ def sh(cmd, log, env=None, timeout=900, cwd=ROOT):
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
+        # (a session of its own, so that a timeout stops the command's children too: the
+        # processes a launcher started would otherwise stay on the GPUs)
+        p = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            p = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=f,
-                               stderr=subprocess.STDOUT, timeout=timeout)
-            rc = p.returncode
+            rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            p.wait()
             f.write(f"\n[timed out after {timeout} s]\n")
             rc = "timeout"
     return rc, time.time() - t0
@@ -377,12 +391,20 @@ def scaling(py, out):
     if gpus < 2:
         return lines + [f"Not run: this machine has {gpus} GPU(s)."]
     log = os.path.join(out, "scaling-log.txt")
-    rc, secs = sh([py, "-m", "bench.scaling", "--gpus", "1,2"], log, timeout=600)
-    with open(log) as f:
-        text = f.read()
-    table = text[text.find("Workload:"):] if "Workload:" in text else ""
-    lines += [table.strip() if table else f"bench.scaling failed (exit {rc}); see scaling-log.txt",
-              ""]
+    path = os.path.join(out, "scaling.json")
+    if os.path.exists(path):
+        os.remove(path)
+    rc, secs = sh([py, "-m", "bench.scaling", "--gpus", "1,2", "--json", path], log,
+                  timeout=600)
+    if os.path.exists(path):
+        sys.path.insert(0, ROOT)
+        from bench import scaling as scaling_bench
+        with open(path) as f:
+            got = json.load(f)
+        lines += scaling_bench.markdown(got["rows"], got["shape"]) + [""]
+        os.remove(path)
+    else:
+        lines += [f"bench.scaling failed (exit {rc}); see scaling-log.txt", ""]
     start = os.path.getsize(log)
     rc, secs = sh([py, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cugru.ddp",
                    "--steps", "100"], log, timeout=300)
