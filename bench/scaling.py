@@ -1,5 +1,6 @@
-"""Data-parallel scaling: samples per second of a GRU training step on 1, 2, ... GPUs (one
-process per GPU), every engine and every GPU count in one run.
+"""Data-parallel scaling: samples per second of a GRU train step on 1, 2, ... GPUs.
+
+One process per GPU; every engine and every GPU count in one run.
 
     python -m bench.scaling [--gpus 1,2] [--engines cugru-ddp,cudnn-ddp,cugru-cupy]
                             [--steps 20] [--json FILE] [--device cuda|cpu] [shape flags]
@@ -45,15 +46,17 @@ def parser():
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--gpus", default="1,2", help="process counts to run, comma-separated")
     ap.add_argument("--engines", default=",".join(ENGINES), help="engines to run")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--inputs", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2, help="GRU layers (each bidirectional)")
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size H")
+    ap.add_argument("--inputs", type=int, default=512, help="input size I")
     ap.add_argument("--seq", type=int, default=100, help="sequence length T")
     ap.add_argument("--batch", type=int, default=256, help="rows per process (per GPU)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="steps before the timing")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: processes on the CPU (gloo, the numpy oracle): for checks")
+                    help="cpu: processes on the CPU (gloo, the numpy oracle), for checks: give "
+                         "it tiny shapes (the defaults take many minutes there); cudnn-ddp is "
+                         "then torch.nn.GRU's CPU kernels")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds a process may wait for the others")
     ap.add_argument("--json", default=None, help="write the rows here")
@@ -250,7 +253,8 @@ def markdown(rows, shape):
     base = {r["gpus"]: r["samples_per_s"] for r in rows
             if r.get("engine") == "cudnn-ddp" and "error" not in r}
     name = next((r["device_name"] for r in rows if "device_name" in r), "?")
-    lines = [f"Workload: {shape}; device: {name}, one process per device.", "",
+    cpu = " (no cuDNN there: cudnn-ddp is torch.nn.GRU on the CPU)" if name == "cpu" else ""
+    lines = [f"Workload: {shape}; device: {name}, one process per device{cpu}.", "",
              "| engine | devices | rows a step | ms a step | samples/s | scaling over 1 | "
              "over cudnn-ddp |", "|---|---|---|---|---|---|---|"]
     missed, met, unmeasured = [], [], []
@@ -293,6 +297,8 @@ def main(argv=None) -> int:
     bad = [e for e in args.engines.split(",") if e not in ENGINES]
     if bad:
         ap.error(f"--engines: unknown {', '.join(bad)} (choose from {', '.join(ENGINES)})")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        ap.error(f"--json {args.json}: its folder does not exist")
     if not args.timeout > 0:
         ap.error(f"--timeout must be > 0, got {args.timeout}")
     try:

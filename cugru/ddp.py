@@ -100,6 +100,10 @@ def run(args):
     if cuda:
         torch.cuda.set_device(device)
     dtype = getattr(torch, args.dtype)
+    if world == 1 and args.init_method == "env://" and "MASTER_ADDR" not in os.environ:
+        # (one process started without a launcher: a rendezvous of its own, on this host)
+        from ._dist import free_port
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=args.init_method,
                             rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))

@@ -253,6 +253,8 @@ def cupy_module():
             import cupy
         except ImportError:
             return None
+        if not hasattr(cupy, "ndarray"):
+            return None     # (a folder named cupy in the working directory, not CuPy)
         _CUPY = cupy
     return _CUPY
 

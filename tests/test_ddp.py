@@ -52,6 +52,21 @@ def test_two_processes_end_with_the_weights_of_one_on_the_whole_batch(tmp_path):
     assert len(one[0][0].splitlines()) == 3 and two[1][0] == ""
 
 
+def test_one_process_without_a_launcher_runs_as_the_docs_say(tmp_path):
+    """`python -m cugru.ddp --device cpu ...` with no launcher's environment (and a folder
+    named cupy where it runs, which is not CuPy): one process, its own rendezvous."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    (tmp_path / "cupy").mkdir()
+    p = subprocess.run([sys.executable, "-m", "cugru.ddp", "--device", "cpu", "--steps", "2",
+                        "--global-batch", "8", "--hidden", "8", "--every", "1"],
+                       env=dict(env, PYTHONPATH=ROOT), cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [ln.split(":")[0] for ln in p.stdout.splitlines()] == ["step 1/2", "step 2/2"]
+    assert "over 1 process(es)" in p.stdout
+
+
 def test_a_process_that_never_comes_is_an_error_not_a_hang(tmp_path):
     start = time.perf_counter()
     (out, err), = [p.communicate(timeout=120) for p in
@@ -318,7 +333,8 @@ def test_the_scaling_benchmark_runs_every_engine_on_one_and_two_cpu_processes(tm
     for flags, msg in ((["--engines", "nope"], "--engines: unknown nope"),
                        (["--gpus", "0"], "every count must be >= 1"),
                        (["--gpus", "a"], "--gpus must be counts"),
-                       (["--timeout", "0"], "--timeout must be > 0")):
+                       (["--timeout", "0"], "--timeout must be > 0"),
+                       (["--json", str(tmp_path / "no" / "x.json")], "its folder does not exist")):
         q = subprocess.run([sys.executable, "-m", "bench.scaling", "--device", "cpu", *flags],
                            env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
