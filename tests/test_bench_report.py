@@ -1,5 +1,7 @@
 """The benchmarks' report writers on the CPU: no shape is dropped from a table or a geomean
 without saying so, and the call-cost table judges each goal."""
+import pytest
+
 from bench import calls, gru_report
 
 
@@ -161,3 +163,28 @@ def test_off_table_report_shows_every_shape_and_each_one_below_its_floor():
     assert offtable.markdown([row("O1", "float32", 0.5, 0.5)])[-1] == "- none"
     with pytest.raises(Exception, match="unknown shape id"):
         id_list(offtable.OFF_TABLE)("O1,S1")
+
+
+def test_the_precision_benchmark_measures_both_and_says_where_ours_did_not_run(tmp_path):
+    """bench.precision on the CPU (numpy path against torch's CPU kernels in the dtype, both
+    against torch in float64): finite, nonzero errors of the size of the dtype's rounding;
+    its verdict names a result above the goal, and a dtype ours does not take is a row
+    that says so, not a pass."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    from bench import precision
+    rows = precision.run(["S6"], ["float16", "bfloat16"], "cpu")
+    assert [(r["dtype"], r["result"]) for r in rows] == [
+        (d, n) for d in ("float16", "bfloat16") for n in precision.NAMES]
+    for r in rows:
+        eps = 2.0 ** -10 if r["dtype"] == "float16" else 2.0 ** -7
+        assert 0 < r["ours"] < 4 * eps and 0 < r["torch"] < 64 * eps, r
+    data = {"device": "CPU", "rows": rows}
+    text = "\n".join(precision.markdown(data))
+    assert "| S6 | float16 |" in text and "| S6 | bfloat16 |" in text
+    planted = [dict(r, ours=r["torch"] * 2) if r["result"] == "dw_hh" else r for r in rows]
+    assert "Above the goal: S6 bfloat16 dw_hh 2.00x, S6 float16 dw_hh 2.00x." in \
+        "\n".join(precision.markdown({"device": "CPU", "rows": planted}))
+    absent = [dict(r, ours=None, why="x is float16: on the GPU ...") for r in rows]
+    text = "\n".join(precision.markdown({"device": "GPU", "rows": absent}))
+    assert "ours: not built" in text and "Not run: S6" in text and "within the goal" not in text

@@ -336,6 +336,9 @@ def main(argv=None) -> int:
         # the shapes off the table, fixed before tuning for them
         lines += json_bench(py, out, "offtable", "gru-log.txt", 300,
                             "Shapes off the S1-S10 table")
+        # half-precision accuracy against torch.nn.GRU (cuDNN) in the same dtype
+        lines += json_bench(py, out, "precision", "gru-log.txt", 300,
+                            "Accuracy in float16 and bfloat16", ("--device", "cuda"))
         write(out, "gru", lines)
 
     if "main" not in skip:
@@ -517,12 +520,12 @@ def before(py, tree, label, out):
     return lines
 
 
-def json_bench(py, out, name, log, timeout, title):
-    """A section's lines for bench/<name>.py: run with --json (its output into `log`), then
-    its own markdown of the JSON, under `title`."""
+def json_bench(py, out, name, log, timeout, title, args=()):
+    """A section's lines for bench/<name>.py: run with --json (and `args`; its output into
+    `log`), then its own markdown of the JSON, under `title`."""
     import importlib
     path = os.path.join(out, f"{name}.json")
-    rc, _ = sh([py, "-m", f"bench.{name}", "--json", path], os.path.join(out, log),
+    rc, _ = sh([py, "-m", f"bench.{name}", "--json", path, *args], os.path.join(out, log),
                timeout=timeout)
     lines = ["", f"### {title} (bench/{name}.py)", ""]
     if rc != 0 or not os.path.exists(path):

@@ -1,0 +1,195 @@
+"""Accuracy in half precision: cugru against torch.nn.GRU in the same dtype, both measured
+against float64 on the same rounded inputs.
+
+    python -m bench.precision [--device cpu|cuda] [--shapes S1,S2] [--dtypes float16,bfloat16]
+                              [--json FILE]
+
+For each shape and dtype the inputs (x, h0, the weights, dy and dh_n) are drawn in float64
+and rounded to the dtype; both implementations take those values, and torch.nn.GRU in
+float64 on the same values is the reference (not cugru's own float64 pass, so that our
+error is not measured against ourselves). The error of each result (y, h_n, dx, dh0, and
+the four weight gradients) is normwise: max |result - reference| / max |reference|. Goal:
+ours at most 1.5x torch's in the same dtype, on every result.
+
+On the CPU cugru runs its numpy path (computing in float32 from the rounded inputs, each
+result rounded once) and torch its CPU kernels in that dtype; on CUDA torch runs cuDNN and
+cugru its GPU kernels, where they take the dtype (a row says where they do not yet).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .shapes import SHAPES, id_list, make_problem
+
+NAMES = ("y", "h_n", "dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
+GOAL = 1.5
+#: shapes run by default: small enough for the numpy path on a CPU
+DEFAULT_SHAPES = ("S1", "S2", "S4", "S6")
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def problem(shape, dtype, seed=0):
+    """The inputs rounded to `dtype` (numpy arrays of it), dh_n included."""
+    T, B, I, H, bi = shape
+    p = make_problem(T, B, I, H, bi, seed=seed, dtype=np.float64)
+    D = 2 if bi else 1
+    p["dh_n"] = np.random.default_rng(seed + 1).standard_normal((D, B, H))
+    return {k: (v.astype(dtype) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
+
+
+def run_torch(p, torch_dtype, device):
+    """torch.nn.GRU on p's values in `torch_dtype`: the eight results as float64 numpy, the
+    weight gradients in cugru's layout (D, 3H, ...)."""
+    import torch
+    T, B, I = p["x"].shape
+    D, G, H = p["w_hh"].shape
+    gru = torch.nn.GRU(I, H, bidirectional=D == 2, device=device, dtype=torch_dtype)
+    as_t = lambda a: torch.tensor(np.asarray(a, np.float64), dtype=torch_dtype,  # noqa: E731
+                                  device=device)
+    names = []
+    with torch.no_grad():
+        for d in range(D):
+            tail = "_reverse" if d else ""
+            for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                src = {"weight_ih": "w_ih", "weight_hh": "w_hh", "bias_ih": "b_ih",
+                       "bias_hh": "b_hh"}[w]
+                getattr(gru, f"{w}_l0{tail}").copy_(as_t(p[src][d]))
+                names.append(f"{w}_l0{tail}")
+    x = as_t(p["x"]).requires_grad_()
+    h0 = as_t(p["h0"]).requires_grad_()
+    y, h_n = gru(x, h0)
+    torch.autograd.backward([y, h_n], [as_t(p["dy"]), as_t(p["dh_n"])])
+    host = lambda t: t.detach().to("cpu", torch.float64).numpy()  # noqa: E731
+
+    def stacked(w):
+        return np.stack([host(getattr(gru, f"{w}_l0{'_reverse' if d else ''}").grad)
+                         for d in range(D)])
+    return (host(y), host(h_n), host(x.grad), host(h0.grad), stacked("weight_ih"),
+            stacked("weight_hh"), stacked("bias_ih"), stacked("bias_hh"))
+
+
+def run_ours(p, xp):
+    """cugru on p's values (numpy or cupy, in their dtype): the eight results as float64."""
+    import cugru
+    v = {k: (xp.asarray(a) if isinstance(a, np.ndarray) else a) for k, a in p.items()}
+    y, h_n, saved = cugru.gru_forward(v["x"], v["h0"], v["w_ih"], v["w_hh"], v["b_ih"],
+                                      v["b_hh"], bidirectional=p["bi"])
+    grads = cugru.gru_backward(v["dy"], v["dh_n"], saved)
+    host = (lambda a: a) if xp is np else (lambda a: xp.asnumpy(a))
+    return tuple(np.asarray(host(a), np.float64) for a in (y, h_n) + tuple(grads))
+
+
+def normwise(a, ref):
+    return float(np.abs(a - ref).max() / max(np.abs(ref).max(), 1e-300))
+
+
+def run(ids, dtypes, device):
+    import torch
+    if device == "cuda":
+        import cupy as xp
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        xp = np
+    rows = []
+    for sid in ids:
+        for name in dtypes:
+            dt = _dtype(name)
+            p = problem(SHAPES[sid], dt)
+            ref = run_torch(p, torch.float64, device)
+            theirs = run_torch(p, getattr(torch, name), device)
+            try:
+                ours, why = run_ours(p, xp), None
+            except TypeError as e:      # (a dtype the GPU kernels do not take yet)
+                if xp is np or "on the GPU cugru takes" not in str(e):
+                    raise
+                ours, why = None, str(e).split(";")[0]
+            for k, out in enumerate(NAMES):
+                rows.append({"id": sid, "shape": list(SHAPES[sid]), "dtype": name,
+                             "result": out, "torch": normwise(theirs[k], ref[k]),
+                             "ours": None if ours is None else normwise(ours[k], ref[k]),
+                             "why": why})
+    return rows
+
+
+def markdown(data):
+    """The table of `data` ({"device": name, "rows": run's rows})."""
+    rows, device_name = data["rows"], data["device"]
+    out = [f"Normwise error against torch.nn.GRU in float64 on the same rounded inputs "
+           f"(max |result - reference| / max |reference|), {device_name}; torch = "
+           f"torch.nn.GRU in the dtype; ratio = ours / torch (goal <= {GOAL}).", "",
+           "| id | dtype | " + " | ".join(NAMES) + " | worst ratio |",
+           "|---|---|" + "---|" * (len(NAMES) + 1)]
+    missed, absent = [], []
+    keys = sorted({(r["id"], r["dtype"]) for r in rows},
+                  key=lambda k: (list(SHAPES).index(k[0]), k[1]))
+    for sid, dt in keys:
+        sel = {r["result"]: r for r in rows if r["id"] == sid and r["dtype"] == dt}
+        if any(r["ours"] is None for r in sel.values()):
+            cells = [f"torch {sel[n]['torch']:.1e}" for n in NAMES]
+            out.append(f"| {sid} | {dt} | " + " | ".join(cells) + " | ours: not built |")
+            absent.append(f"{sid} {dt} ({next(iter(sel.values()))['why']})")
+            continue
+        ratios = {n: sel[n]["ours"] / max(sel[n]["torch"], 1e-300) for n in NAMES}
+        cells = [f"{sel[n]['ours']:.1e} / {sel[n]['torch']:.1e}" for n in NAMES]
+        worst = max(ratios, key=ratios.get)
+        out.append(f"| {sid} | {dt} | " + " | ".join(cells)
+                   + f" | {ratios[worst]:.2f} ({worst}) |")
+        missed += [f"{sid} {dt} {n} {ratios[n]:.2f}x" for n in NAMES if ratios[n] > GOAL]
+    ran = any(r["ours"] is not None for r in rows)
+    out += ["", "Cells: ours / torch. " + (
+        f"Above the goal: {', '.join(missed)}." if missed else
+        "No result of ours to judge." if not ran else
+        f"Every result within the goal ({GOAL}x torch's error)" + (
+            "" if not absent else " where ours ran") + ".")]
+    if absent:
+        out.append("Not run: " + "; ".join(absent) + ".")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.precision",
+                                 description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--shapes", type=id_list(SHAPES), default=list(DEFAULT_SHAPES),
+                    help="comma-separated ids of S1-S10")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="float16 and/or bfloat16")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if not dtypes or any(d not in ("float16", "bfloat16") for d in dtypes):
+        ap.error(f"--dtypes must name float16 and/or bfloat16, got {args.dtypes!r}")
+    if "bfloat16" in dtypes:
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            ap.error("--dtypes bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+    try:
+        import torch
+    except ImportError:
+        ap.error("bench.precision compares with torch.nn.GRU: pip install torch")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA GPU")
+    rows = run(args.shapes, dtypes, args.device)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    data = {"device": name, "rows": rows}
+    print("\n".join(markdown(data)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
