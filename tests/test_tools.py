@@ -93,3 +93,29 @@ def test_a_command_past_its_time_is_stopped_with_its_children(tmp_path):
     except FileNotFoundError:
         pass                                    # (gone, and reaped)
     assert "[timed out after 3 s]" in (tmp_path / "log.txt").read_text()
+
+
+def test_the_report_names_a_commit_or_refuses_to_run(tmp_path):
+    """tools/gpu_report.py's commit: the one given (hex), or git's HEAD where the tree is
+    git's unchanged; a tree git cannot place, or whose tracked files differ from HEAD (a
+    copied tree with an old .git), is an error asking for --commit."""
+    import subprocess
+
+    import pytest
+    sha = "2c2eb6f344c01c912d35c7040ab0bbcbf398cb62"
+    assert gpu_report.resolve_commit(sha) == sha
+    with pytest.raises(ValueError, match="is not a commit"):
+        gpu_report.resolve_commit("**2c2eb6f**")
+    with pytest.raises(ValueError, match="pass --commit"):
+        gpu_report.resolve_commit(None, root=str(tmp_path))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run(git + ["add", "f.txt"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert gpu_report.resolve_commit(None, root=str(tmp_path)) == head
+    (tmp_path / "f.txt").write_text("b")
+    with pytest.raises(ValueError, match="tracked files differ from git's HEAD"):
+        gpu_report.resolve_commit(None, root=str(tmp_path))

@@ -55,6 +55,27 @@ SANITIZER_TOOLS = {
 }
 
 
+def resolve_commit(given, root=ROOT):
+    """The commit the report names: `given` (hex, 7 to 40 digits), or git's HEAD where git
+    knows the tree and no tracked file differs from it. A ValueError otherwise: a report
+    must name the commit it ran at, and a copied tree's HEAD may be an older one."""
+    if given is not None:
+        if not re.fullmatch(r"[0-9a-f]{7,40}", given):
+            raise ValueError(f"--commit {given!r} is not a commit (7 to 40 hex digits)")
+        return given
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                 cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise ValueError("git cannot say which commit this tree is: pass --commit SHA") from None
+    if changed.strip():
+        raise ValueError(f"tracked files differ from git's HEAD ({head[:12]}): pass --commit "
+                         "SHA, the commit this tree is at")
+    return head
+
+
 def sh(cmd, log, env=None, timeout=900, cwd=ROOT):
     t0 = time.time()
     with open(log, "a") as f:
@@ -151,7 +172,9 @@ def gpu_info():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
-    ap.add_argument("--commit", default=None)
+    ap.add_argument("--commit", default=None,
+                    help="the commit the tree is at (hex, 7 to 40 digits; the full one is "
+                         "best); default: git's HEAD, where git has this tree unchanged")
     ap.add_argument("--only", default=",".join(PHASES))
     ap.add_argument("--assemble", nargs="*", default=None)
     ap.add_argument("--base-tree", default=None,
@@ -171,14 +194,10 @@ def main(argv=None) -> int:
                         g.write(f.read())
         return assemble(out)
     skip = set(PHASES) - set(filter(None, args.only.split(",")))
-    commit = args.commit
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                    text=True, check=True).stdout.strip()
-        except Exception:  # noqa: BLE001
-            commit = "unknown"
-    py = sys.executable
+    try:
+        commit = resolve_commit(args.commit)
+    except ValueError as e:
+        ap.error(str(e))
     header = [f"- commit: {commit}",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- GPU: {gpu_info()}",
