@@ -15,7 +15,6 @@ around back-to-back calls, as bench.gru). Floors: float32 train >= 1.2x and infe
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -97,8 +96,8 @@ def markdown(rows):
                    f"{inf:.2f}x |")
     for dt in sorted({r["dtype"] for r in rows}):
         sel = [r for r in rows if r["dtype"] == dt]
-        g = {k: float(np.exp(np.mean([np.log(r[f"cudnn {k} ms"] / r[f"ours {k} ms"])
-                                      for r in sel]))) for k in ("train", "infer")}
+        g = {k: timing.geomean([r[f"cudnn {k} ms"] / r[f"ours {k} ms"] for r in sel])
+             for k in ("train", "infer")}
         out.append(f"| geomean ({len(sel)} shapes) | | | {dt} | | | {g['train']:.2f}x | | | "
                    f"{g['infer']:.2f}x |")
     low = below_floor(rows)
@@ -120,10 +119,7 @@ def main(argv=None) -> int:
         ap.error(f"--dtypes must name float32 and/or float64, got {args.dtypes!r}")
     timing.require_gpu()
     rows = run(args.shapes, args.repeat, dtypes)
-    print("\n".join(markdown(rows)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    timing.publish(markdown(rows), rows, args.json)
     return 0
 
 

@@ -18,12 +18,12 @@ cugru its GPU kernels, where they take the dtype (a row says where they do not y
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 
 from .shapes import SHAPES, id_list, make_problem
+from .timing import publish
 
 NAMES = ("y", "h_n", "dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
 GOAL = 1.5
@@ -184,10 +184,7 @@ def main(argv=None) -> int:
     rows = run(args.shapes, dtypes, args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     data = {"device": name, "rows": rows}
-    print("\n".join(markdown(data)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+    publish(markdown(data), data, args.json)
     return 0
 
 

@@ -30,11 +30,12 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
+
+from .timing import publish
 
 ENGINES = ("cugru-ddp", "cudnn-ddp", "cugru-cupy")
 GOAL = 1.8
@@ -320,11 +321,7 @@ def main(argv=None) -> int:
     shape = (f"{args.layers} layers, bidirectional, H = {args.hidden}, I = {args.inputs}, "
              f"T = {args.seq}, B = {args.batch} per device, float32, {args.steps} timed steps "
              f"after {args.warmup}")
-    text = "\n".join(markdown(rows, shape))
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"shape": shape, "rows": rows}, f, indent=1)
+    publish(markdown(rows, shape), {"shape": shape, "rows": rows}, args.json)
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -172,18 +172,23 @@ def table_main(doc, measure, markdown, argv=None, repeat=200):
     """The command line of a benchmark module: measure (calls per timed run: --repeat), print
     its markdown table, and with --json write the rows to a file."""
     import argparse
-    import json
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the measurements to this file")
     ap.add_argument("--repeat", type=int, default=repeat, help="calls per timed run")
     args = ap.parse_args(argv)
     require_gpu()
     rows = measure(args.repeat)
-    print("\n".join(markdown(rows)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    publish(markdown(rows), rows, args.json)
     return 0
+
+
+def publish(lines, data, path):
+    """Print a benchmark's markdown `lines`; with `path`, also write `data` there as JSON."""
+    import json
+    print("\n".join(lines))
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
 
 
 def geomean(values):
