@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cukernels import checks
+from cukernels import checks, runtime
 
 from . import _device
 from .quant import check_quant
@@ -148,9 +148,51 @@ def check_lengths(lengths, T, B, xp):
     return xp.asarray(host.astype(np.int32))
 
 
+_F32, _F64 = checks.FLOAT_DTYPES
+
+
+def _plain_gpu_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
+    """The common GPU call's arguments with the least host work, or None for any other call
+    (the general checks below then decide, errors included): C-contiguous cupy arrays of one
+    dtype, float32 or float64, the weights with their direction axis, plain True/False
+    flags, no quantization, no lengths."""
+    nd = checks.gpu_flat_type()
+    if nd is None or type(x) is not nd or (bidirectional is not True and
+                                           bidirectional is not False) or \
+            (training is not True and training is not False):
+        return None
+    dt = x.dtype
+    if (dt is not _F32 and dt is not _F64) or len(x.shape) != 3:
+        return None
+    D = 2 if bidirectional else 1
+    T, B, I = x.shape
+    shape = w_hh.shape
+    if type(w_hh) is not nd or len(shape) != 3:
+        return None
+    H = shape[2]
+    G = 3 * H
+    if not (T and B and I and H and shape[0] == D and shape[1] == G and w_hh.dtype is dt
+            and w_hh._c_contiguous and type(w_ih) is nd and w_ih.shape == (D, G, I)
+            and w_ih.dtype is dt and w_ih._c_contiguous and type(b_ih) is nd
+            and b_ih.shape == (D, G) and b_ih.dtype is dt and b_ih._c_contiguous
+            and type(b_hh) is nd and b_hh.shape == (D, G) and b_hh.dtype is dt
+            and b_hh._c_contiguous and T * B <= _INT_MAX and D * G <= _INT_MAX
+            and I <= _INT_MAX):
+        return None
+    if h0 is not None and not (type(h0) is nd and h0.shape == (D, B, H) and h0.dtype is dt
+                               and h0._c_contiguous):
+        return None
+    return ForwardArgs(runtime.cupy_module(), x, h0, w_ih, w_hh, b_ih, b_hh, (T, B, I, H, D),
+                       training, False)
+
+
 def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
                  quant=None, lengths=None) -> ForwardArgs:
     """Validate the forward arguments (errors name the argument)."""
+    if quant is None and lengths is None:
+        a = _plain_gpu_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training)
+        if a is not None:
+            return a
     check_quant(quant)
     bidirectional = checks.flag("bidirectional", bidirectional)
     training = checks.flag("training", training)
@@ -200,6 +242,16 @@ def forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training,
 
 def backward_args(dy, dh_n, saved):
     """Validate the backward arguments: (xp, (T, B, I, H, D))."""
+    nd = checks.gpu_flat_type()
+    if nd is not None and type(dy) is nd and type(saved) is GruSaved and type(saved.x) is nd:
+        # (the common GPU call, with the least host work; any other goes on to the checks)
+        T, B, I = saved.x.shape
+        D, G, H = saved.w_hh.shape
+        dt = saved.x.dtype
+        if dy.dtype is dt and dy.shape == (T, B, D * H) and dy._c_contiguous and (
+                dh_n is None or (type(dh_n) is nd and dh_n.dtype is dt
+                                 and dh_n.shape == (D, B, H) and dh_n._c_contiguous)):
+            return runtime.cupy_module(), (T, B, I, H, D)
     if not isinstance(saved, GruSaved):
         raise TypeError("saved must be the third result of gru_forward(..., training=True), got "
                         + ("None (was the forward pass run with training=False?)" if saved is None

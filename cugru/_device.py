@@ -35,9 +35,11 @@ def device():
     return runtime.device()
 
 
-def kernel(family: str, name: str):
-    """The compiled kernel `name` of a family (a cugru/kernels source), compiled on first use."""
-    return runtime.kernel(family, name)
+def kernel(family: str, name: str, params: tuple | None = None):
+    """The compiled kernel `name` of a family (a cugru/kernels source), compiled on first use.
+    `params`: the parameter names, in order, of a caller that launches it with positional
+    values (Loop.launch_args), checked once against the CUDA declaration."""
+    return runtime.kernel(family, name, params)
 
 
 #: a pass's temporaries (the buffers it neither returns nor saves) of at most this many
@@ -347,6 +349,12 @@ class Loop:
         resident at once, for a kernel with a barrier across blocks."""
         kern.launch(grid, block, args, shared_mem=shared_mem, cooperative=cooperative,
                     stream=self.stream)
+
+    def launch_args(self, kern, grid, block, values, *, shared_mem=0):
+        """Launch `kern` once with `values` in the order of its parameters (arrays or None
+        where they are pointers; the order checked by kernel(..., params=)): no dictionary
+        per call, for the plans whose whole pass is one launch."""
+        kern.launch_args(grid, block, values, shared_mem=shared_mem, stream=self.stream)
 
     def kernel(self, kern, grid, block, args, step_arg):
         """A callable launch(step) of `kern` with `args`, whose int parameter `step_arg` is

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import _catalog as cat
 from . import _device as dev
+from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 
 #: path="auto" takes the persist kernels up to this much recurrent work per step and
 #: direction (B * 3H * H multiply-adds), the per-step path beyond: measured on an H100 (see
@@ -169,27 +170,50 @@ class SmallPlan:
 
     def forward(self, loop, p):
         """Fills p.y and p.h_n, and with training p.hs and p.gates (from p.x and p.h0)."""
-        units = p.D * p.B * p.H
-        loop.launch(dev.kernel("gru_small.cu", cat.small_forward(p.ctype, p.training, p.qat)),
-                    (1,), (cat.SMALL_THREADS,),
-                    {"x": p.x, "h0": p.h0, "w_ih": p.w_ih, "w_hh": p.w_hh, "b_ih": p.b_ih,
-                     "b_hh": p.b_hh, "hs": p.hs, "y": p.y, "gates": p.gates, "h_n": p.h_n,
-                     "lengths": p.lengths, "steps": p.T, "B": p.B, "I": p.I, "H": p.H,
-                     "D": p.D, "L": small_lanes(p.I, p.H, units), **p.qargs},
-                    shared_mem=2 * units * p.dtype.itemsize)
+        name, dims, smem = _small_fixed(p.ctype, p.training, p.qat, p.T, p.B, p.I, p.H, p.D)
+        loop.launch_args(dev.kernel("gru_small.cu", name, SMALL_FORWARD_PARAMS), (1,),
+                         (cat.SMALL_THREADS,),
+                         (p.x, p.h0, p.w_ih, p.w_hh, p.b_ih, p.b_hh, p.hs, p.y, p.gates,
+                          p.h_n, p.lengths) + dims + _quant_values(p.qargs),
+                         shared_mem=smem)
 
     def backward(self, loop, p):
         """Fills p.dgi, p.dgh, p.dh0, p.dx and the gradients p.dw."""
-        units = p.D * p.B * p.H
-        dw_ih, dw_hh, db_ih, db_hh = p.dw
-        loop.launch(dev.kernel("gru_small.cu", cat.small_backward(p.ctype, p.qat)), (1,),
-                    (cat.SMALL_THREADS,),
-                    {"dy": p.dy, "dh_n": p.dh_n, "x": p.x, "w_ih": p.w_ih, "w_hh": p.w_hh,
-                     "gates": p.gates, "hs": p.hs, "dgi": p.dgi, "dgh": p.dgh, "dx": p.dx,
-                     "dh0": p.dh0, "dw_ih": dw_ih, "dw_hh": dw_hh, "db_ih": db_ih,
-                     "db_hh": db_hh, "lengths": p.lengths, "steps": p.T, "B": p.B,
-                     "I": p.I, "H": p.H, "D": p.D, **p.qargs},
-                    shared_mem=4 * units * p.dtype.itemsize)
+        name, dims, smem = _small_fixed(p.ctype, None, p.qat, p.T, p.B, p.I, p.H, p.D)
+        loop.launch_args(dev.kernel("gru_small.cu", name, SMALL_BACKWARD_PARAMS), (1,),
+                         (cat.SMALL_THREADS,),
+                         (p.dy, p.dh_n, p.x, p.w_ih, p.w_hh, p.gates, p.hs, p.dgi, p.dgh,
+                          p.dx, p.dh0) + p.dw + (p.lengths,) + dims
+                         + _quant_values(p.qargs), shared_mem=smem)
+
+
+#: the small kernels' parameters in the order of their CUDA declarations (checked when a
+#: kernel is first looked up, dev.kernel(..., params)): SmallPlan launches in this order
+SMALL_FORWARD_PARAMS = ("x", "h0", "w_ih", "w_hh", "b_ih", "b_hh", "hs", "y", "gates", "h_n",
+                        "lengths", "steps", "B", "I", "H", "D", "L") + QUANT_PARAMS
+SMALL_BACKWARD_PARAMS = ("dy", "dh_n", "x", "w_ih", "w_hh", "gates", "hs", "dgi", "dgh", "dx",
+                         "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh", "lengths", "steps", "B",
+                         "I", "H", "D") + QUANT_PARAMS
+_NO_QUANT_VALUES = tuple(NO_QUANT_ARGS[k] for k in QUANT_PARAMS)
+
+
+def _quant_values(qargs):
+    """The quantization arguments (cugru.quant.kernel_args) in QUANT_PARAMS' order."""
+    if qargs is NO_QUANT_ARGS:
+        return _NO_QUANT_VALUES
+    return tuple(qargs[k] for k in QUANT_PARAMS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _small_fixed(ctype, training, qat, T, B, I, H, D):
+    """(kernel name, the shape's values, dynamic shared memory) of a small launch: the
+    forward kernel's (training True or False) or the backward's (training None)."""
+    units = D * B * H
+    itemsize = 4 if ctype == "float" else 8
+    if training is None:
+        return cat.small_backward(ctype, qat), (T, B, I, H, D), 4 * units * itemsize
+    return (cat.small_forward(ctype, training, qat),
+            (T, B, I, H, D, small_lanes(I, H, units)), 2 * units * itemsize)
 
 
 SMALL = SmallPlan()

@@ -185,7 +185,11 @@ def kernel_args(quant) -> dict:
     if quant is not None:
         flags = (1 if hq is not None else 0) | (2 if quant.gates else 0)
     grid = (1.0, 1.0, 0.0, 0.0) if hq is None else shifted_grid(hq)
-    return dict(zip(("q_scale", "q_inv", "q_lo", "q_hi"), grid), q_flags=flags)
+    return dict(zip(QUANT_PARAMS, grid + (flags,)))
+
+
+#: the recurrent kernels' quantization parameters, in the order they declare them
+QUANT_PARAMS = ("q_scale", "q_inv", "q_lo", "q_hi", "q_flags")
 
 
 NO_QUANT_ARGS = kernel_args(None)

@@ -45,19 +45,21 @@ _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _PLAIN_LIMIT = checks.F32_OVERFLOW
 
 
+def _plain_unary(name, x, a=0.0, b=0.0):
+    """The common call of a one-input function, with the least host work: one C-contiguous
+    cupy array of float32 or float64, no `out`, plain float scalars that need no rounding
+    check. Returns the result, or None for any other call (then _elementwise decides)."""
+    nd = checks.gpu_flat_type()
+    if nd is not None and type(x) is nd and x._c_contiguous and x.ndim and x.size:
+        ct = _CTYPE.get(x.dtype)
+        if (ct is not None and type(a) is float and type(b) is float
+                and -_PLAIN_LIMIT < a < _PLAIN_LIMIT and -_PLAIN_LIMIT < b < _PLAIN_LIMIT):
+            return _launch.launch_unary("activations.cu", _NAMES[name, ct], x, a, b)
+    return None
+
+
 def _elementwise(name, arrays, scalars, out):
     """Validate and run one elementwise function; `arrays` is an ordered name -> array dict."""
-    if out is None and len(arrays) == 1:
-        # the common call first, with the least host work: one C-contiguous cupy array of
-        # float32 or float64, no `out`, plain float scalars that need no rounding check
-        x, = arrays.values()
-        nd = checks.gpu_flat_type()
-        if nd is not None and type(x) is nd and x._c_contiguous and x.ndim and x.size:
-            ct = _CTYPE.get(x.dtype)
-            a, b = scalars.get("a", 0.0), scalars.get("b", 0.0)
-            if (ct is not None and type(a) is float and type(b) is float
-                    and -_PLAIN_LIMIT < a < _PLAIN_LIMIT and -_PLAIN_LIMIT < b < _PLAIN_LIMIT):
-                return _launch.launch_unary("activations.cu", _NAMES[name, ct], x, a, b)
     (ref_name, ref), *rest = arrays.items()
     xp = checks.backend(**arrays, out=out)
     dt = checks.check_array(ref_name, ref, ndim=_ANY)
@@ -77,12 +79,16 @@ def _elementwise(name, arrays, scalars, out):
 
 def line_activation(inputs, a=1.0, b=0.0, *, out=None):
     """LineActivation: ``y = a*x + b``. With ``b = 0`` it is the linear derivative ``a*g``."""
-    return _elementwise("line_activation", {"inputs": inputs}, {"a": a, "b": b}, out)
+    y = None if out is not None else _plain_unary("line_activation", inputs, a, b)
+    return y if y is not None else _elementwise("line_activation", {"inputs": inputs},
+                                                {"a": a, "b": b}, out)
 
 
 def sigmoid_activation(inputs, a=1.0, b=0.0, *, out=None):
     """SigmoidActivation: ``y = a/(1 + exp(-x)) - b``."""
-    return _elementwise("sigmoid_activation", {"inputs": inputs}, {"a": a, "b": b}, out)
+    y = None if out is not None else _plain_unary("sigmoid_activation", inputs, a, b)
+    return y if y is not None else _elementwise("sigmoid_activation", {"inputs": inputs},
+                                                {"a": a, "b": b}, out)
 
 
 def sigmoid_derivative(outputs, output_gr, a=1.0, b=0.0, *, out=None):
@@ -93,7 +99,8 @@ def sigmoid_derivative(outputs, output_gr, a=1.0, b=0.0, *, out=None):
 
 def tanh_activation(inputs, *, out=None):
     """TanhActivation: ``y = tanh(x)``."""
-    return _elementwise("tanh_activation", {"inputs": inputs}, {}, out)
+    y = None if out is not None else _plain_unary("tanh_activation", inputs)
+    return y if y is not None else _elementwise("tanh_activation", {"inputs": inputs}, {}, out)
 
 
 def tanh_derivative(outputs, output_gr, *, out=None):
@@ -103,7 +110,9 @@ def tanh_derivative(outputs, output_gr, *, out=None):
 
 def lrelu_activation(inputs, a=0.3, *, out=None):
     """LReLUActivation: ``y = x if x > 0 else a*x``."""
-    return _elementwise("lrelu_activation", {"inputs": inputs}, {"a": a}, out)
+    y = None if out is not None else _plain_unary("lrelu_activation", inputs, a)
+    return y if y is not None else _elementwise("lrelu_activation", {"inputs": inputs},
+                                                {"a": a}, out)
 
 
 def lrelu_derivative(outputs, output_gr, a=0.3, *, out=None):
@@ -114,7 +123,9 @@ def lrelu_derivative(outputs, output_gr, a=0.3, *, out=None):
 
 def swish_activation(inputs, b=1.0, *, out=None):
     """SwishActivation: ``y = x/(1 + exp(-b*x))``."""
-    return _elementwise("swish_activation", {"inputs": inputs}, {"b": b}, out)
+    y = None if out is not None else _plain_unary("swish_activation", inputs, b=b)
+    return y if y is not None else _elementwise("swish_activation", {"inputs": inputs},
+                                                {"b": b}, out)
 
 
 def swish_derivative(outputs, output_gr, b, inputs, *, out=None):

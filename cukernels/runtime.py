@@ -445,6 +445,10 @@ class Kernel:
             vals = list(self._get(args))
         except KeyError as e:
             raise TypeError(f"{self.name}: missing argument {e.args[0]!r}") from None
+        return self._addresses(vals)
+
+    def _addresses(self, vals: list) -> list:
+        """`vals` with each pointer parameter's array (or None) replaced by its address."""
         for i in self._pointers:
             v = vals[i]
             if v is None:
@@ -488,6 +492,13 @@ class Kernel:
             raise ValueError(f"{self.name}: the arguments do not fit the parameters "
                              f"{self.names} ({e})") from None
         self._launch(grid, block, addrs, shared_mem, stream, False)
+
+    def launch_args(self, grid, block, values, *, shared_mem=0, stream=None) -> None:
+        """launch_values with arrays (or None, a null pointer) in the pointer parameters: for
+        a caller that keeps the parameters' order (checked once by kernel(..., params=)) and
+        hands over its arrays, not their addresses."""
+        self.launch_values(grid, block, self._addresses(list(values)), shared_mem=shared_mem,
+                           stream=stream)
 
     def launch_1d(self, blocks, threads, values) -> None:
         """launch_values on a one-dimensional grid and block, on the current stream, with no

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cugru import _catalog, _device, _passes, oracle, plans
+from cugru.saved import GruSaved
 from cukernels import runtime
 from gru_cases import problem, weights
 
@@ -65,6 +66,10 @@ class HostLoop:
 
     def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
         kern(grid, block, shared_mem, cooperative, **args)
+
+    def launch_args(self, kern, grid, block, values, *, shared_mem=0):
+        assert len(values) == len(kern.names), (kern.name, len(values))
+        kern(grid, block, shared_mem, False, **dict(zip(kern.names, values)))
 
     def kernel(self, kern, grid, block, args, step_arg):
         args = dict(args)
@@ -478,7 +483,13 @@ def host_device(monkeypatch):
                                                           lengths)] = tile_forward(train, tile)
     kernels = {key: HostKernel(*key, run) for key, run in runs.items()}
     monkeypatch.setattr(_device, "cupy", lambda: fake)
-    monkeypatch.setattr(_device, "kernel", lambda family, name: kernels[family, name])
+
+    def kernel(family, name, params=None):
+        kern = kernels[family, name]
+        # (a positional caller's order is the CUDA declaration's, as runtime.kernel checks)
+        assert params is None or tuple(params) == tuple(kern.names), (name, params)
+        return kern
+    monkeypatch.setattr(_device, "kernel", kernel)
     monkeypatch.setattr(_device, "shared", lambda kern, nbytes: kern)
     monkeypatch.setattr(_device, "ones", fake.ones)
     monkeypatch.setattr(_device, "scratch",
@@ -820,3 +831,72 @@ def test_the_cublas_file_is_picked_by_cublas_major_version():
     assert pick({"/a/libcublas.so.12", "/b/libcublas.so.11"}, 13) is None
     assert pick({"/a/libcublas.so.1"}, 13) is None      # (a major 1 is not 13's prefix)
     assert pick(set(), 13) is None
+
+
+class _FlatGpu(np.ndarray):
+    """A numpy array posing as the cupy type the calls' short checks take: its C-contiguity
+    as the attribute ``_c_contiguous``."""
+
+    @property
+    def _c_contiguous(self):
+        return self.flags.c_contiguous
+
+
+@pytest.mark.parametrize("D", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_plain_gpu_call_s_short_checks_take_only_what_the_general_ones_pass(
+        monkeypatch, rng, D, dtype):
+    """gru_forward's and gru_backward's short checks (the common GPU call: C-contiguous
+    cupy arrays of one dtype, the weights with their direction axis, plain flags) give what
+    the general checks give, and hand every other call to them: each deviation below is
+    either an error there or a call the general checks take."""
+    from cugru import _args
+    from cukernels import checks
+    monkeypatch.setattr(checks, "gpu_flat_type", lambda: _FlatGpu)
+    monkeypatch.setattr(_args, "runtime", types.SimpleNamespace(
+        cupy_module=lambda: "the GPU's module"))
+    T, B, I, H = 3, 2, 4, 5
+    gpu = lambda *s, dt=dtype: rng.standard_normal(s).astype(dt).view(_FlatGpu)  # noqa: E731
+    args = dict(x=gpu(T, B, I), h0=gpu(D, B, H), w_ih=gpu(D, 3 * H, I), w_hh=gpu(D, 3 * H, H),
+                b_ih=gpu(D, 3 * H), b_hh=gpu(D, 3 * H))
+
+    def short(**change):
+        a = {**args, **change}
+        return _args._plain_gpu_forward(a["x"], a["h0"], a["w_ih"], a["w_hh"], a["b_ih"],
+                                        a["b_hh"], change.get("bi", D == 2),
+                                        change.get("training", True))
+
+    got = short()
+    want = _args.forward_args(*args.values(), np.bool_(D == 2), True)   # (general checks)
+    assert got.xp == "the GPU's module" and got.dims == want.dims == (T, B, I, H, D)
+    assert all(g is w for g, w in zip(got[1:7], want[1:7]))
+    assert got[7:] == want[7:]
+    assert short(h0=None) is not None and short(training=False).training is False
+    deviations = {
+        "x float16": dict(x=gpu(T, B, I, dt=np.float16)),
+        "w_hh of the other dtype": dict(w_hh=gpu(D, 3 * H, H, dt=np.float16)),
+        "bidirectional 1": dict(bi=1), "training numpy's bool": dict(training=np.True_),
+        "x a numpy array": dict(x=np.asarray(args["x"])),
+        "w_ih not contiguous": dict(w_ih=gpu(D, 3 * H, 2 * I)[:, :, ::2]),
+        "b_hh of another shape": dict(b_hh=gpu(D, 3 * H + 1)),
+        "h0 of another shape": dict(h0=gpu(D, B + 1, H)),
+        "h0 not contiguous": dict(h0=gpu(D, B, 2 * H)[:, :, ::2]),
+        "T = 0": dict(x=gpu(0, B, I)),
+        "the weights without their direction axis": dict(
+            w_ih=args["w_ih"][0], w_hh=args["w_hh"][0], b_ih=args["b_ih"][0],
+            b_hh=args["b_hh"][0]),
+    }
+    for what, change in deviations.items():
+        assert short(**change) is None, what
+
+    saved = GruSaved(args["x"], args["w_ih"], args["w_hh"], None, None, False)
+    dy, dh_n = gpu(T, B, D * H), gpu(D, B, H)
+    assert _args.backward_args(dy, dh_n, saved) == ("the GPU's module", (T, B, I, H, D))
+    assert _args.backward_args(dy, None, saved)[0] == "the GPU's module"
+    for bad, error in ((dict(dy=gpu(T, B, D * H + 1)), r"dy has shape"),
+                       (dict(dy=gpu(T, B, 2 * D * H)[:, :, ::2]), r"dy must be C-contiguous"),
+                       (dict(dh_n=gpu(D, B, H, dt=np.float16)), r"dh_n has dtype float16"),
+                       (dict(dh_n=gpu(D, B, H + 1)), r"dh_n has shape")):
+        a = {"dy": dy, "dh_n": dh_n, **bad}
+        with pytest.raises((TypeError, ValueError), match=error):
+            _args.backward_args(a["dy"], a["dh_n"], saved)

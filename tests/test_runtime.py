@@ -78,6 +78,27 @@ def test_arguments_are_packed_by_name_as_each_parameter_reads_them():
                                                           np.uint32, np.float64]
 
 
+def test_a_positional_launch_packs_what_the_launch_by_name_packs(monkeypatch):
+    """launch_args (values in the declaration's order, arrays or None for pointers) hands
+    cuLaunchKernel the same parameter block as launch (arguments by name)."""
+    sig = (("x", "ptr"), ("y", "ptr"), ("alpha", "elem"), ("n", "i64"), ("k", "i32"))
+    k = _kernel("k<float>", sig)
+    blocks = []
+
+    def launched(self, grid, block, addrs, shared_mem, stream, cooperative):
+        blocks.append((bytes(runtime._shared_block()[0])[:8 * len(sig)], grid, block,
+                       shared_mem, stream))
+    monkeypatch.setattr(runtime.Kernel, "_launch", launched)
+    args = {"x": _Dev(0xABC0), "y": None, "alpha": 0.1, "n": -(1 << 40), "k": 7}
+    k.launch((3,), (64,), args, shared_mem=128, stream=5)
+    k.launch_args((3,), (64,), (_Dev(0xABC0), None, 0.1, -(1 << 40), 7), shared_mem=128,
+                  stream=5)
+    k.launch_args((3,), (64,), (0xABC0, 0, 0.1, -(1 << 40), 7), shared_mem=128, stream=5)
+    assert blocks[0] == blocks[1] == blocks[2]
+    with pytest.raises(ValueError, match="do not fit the parameters"):
+        k.launch_args((1,), (1,), (None, None, 0.1, 1, 2**31))
+
+
 def test_wrong_arguments_are_errors_naming_them():
     k = _kernel("k<float>", (("x", "ptr"), ("n", "i32")))
     buf = (ctypes.c_uint64 * 2)()

@@ -96,6 +96,7 @@ def variants(args):
         print(f"{name}: host issue {host:.1f} µs, device {device:.1f} µs (a spin kernel "
               "holds the GPU while the host queues 20 calls)")
 
+    from cugru.saved import GruSaved
     from cukernels import checks, optim
     D_, wt, m1, m2 = (cp.asarray(np.full(64, 0.1, np.float32)) for _ in range(4))
     dt = v.dtype
@@ -125,6 +126,17 @@ def variants(args):
         "GRU: SMALL.forward launch": lambda: _plan.SMALL.forward(loop0, fwd_pass),
         "GRU: _passes.forward (training)": lambda: _passes.forward(a_train, _plan.SMALL),
         "GRU: backward_args": lambda: _args.backward_args(dy, None, saved0),
+        "GRU: forward_args, general checks": lambda: _args.forward_args(
+            x, h0, *w, np.False_, True),
+        "GRU: the 4 forward results (dev.outputs)": lambda: _device.outputs(
+            dt, (1, 1, 1), (1, 1, 1), (1, 2, 1, 1), (1, 1, 1, 4)),
+        "GRU: the 6 backward results (dev.outputs)": lambda: _device.outputs(
+            dt, (1, 1, 1), (1, 1, 1), (1, 3, 1), (1, 3, 1), (1, 3), (1, 3)),
+        "GRU: dev.scratch (backward)": lambda: _device.scratch(
+            "backward", dt, (1, 1, 1, 3), (1, 1, 1, 3)),
+        "GRU: dev.capturing": lambda: _device.capturing(cp),
+        "GRU: GruSaved(...)": lambda: GruSaved(x, w[0], w[1], None, None, False),
+        "cp.ndarray((1, 2, 1, 1), np.dtype(f32))": lambda: cp.ndarray((1, 2, 1, 1), dt),
         "GRU: BackwardPass (small)": lambda: _passes.BackwardPass(dy, None, saved0, True),
         "GRU: SMALL.backward launch": lambda: _plan.SMALL.backward(loop0, bwd_pass),
         "GRU: gru_backward": lambda: cugru.gru_backward(dy, None, saved0),
