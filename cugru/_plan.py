@@ -476,8 +476,8 @@ def tile_split(B, H, D, tile, rows, itemsize):
         lanes *= 2
     if cluster == 0:
         # as few blocks per group as hold H, each the most units its threads take
-        if H % v or lanes > cat.GRID_MAX_LANES or threads // lanes == 0:
-            return None   # (the vector moves in 16-byte packs)
+        if lanes > cat.GRID_MAX_LANES or threads // lanes == 0:
+            return None
         blocks = -(-H // (threads // lanes * per_thread))
         units = -(-H // blocks)                      # then whole units per thread
         units = -(-units // per_thread) * per_thread
@@ -486,9 +486,13 @@ def tile_split(B, H, D, tile, rows, itemsize):
     else:
         units = -(-H // cluster)
         if cluster > 1:
-            units = -(-units // v) * v      # the exchange moves 16-byte packs of units
-        if (cluster - 1) * units >= H or units * rows > threads:
-            return None   # a block without units, or more pointwise steps than threads
+            # the exchange moves 16-byte packs of units; where the packs leave the last
+            # blocks of the cluster no units (H = 130 in float32: 7 x 20 >= 130 in a
+            # cluster of 8), those take part in the exchange only, with no pointwise step,
+            # and their product is of zero weights
+            units = -(-units // v) * v
+        if units * rows > threads:
+            return None   # more pointwise steps than threads
         if lanes > cat.TILE_MAX_LANES:
             return None
         blocks = cluster

@@ -188,3 +188,31 @@ def test_the_precision_benchmark_measures_both_and_says_where_ours_did_not_run(t
     absent = [dict(r, ours=None, why="x is float16: on the GPU ...") for r in rows]
     text = "\n".join(precision.markdown({"device": "GPU", "rows": absent}))
     assert "ours: not built" in text and "Not run: S6" in text and "within the goal" not in text
+
+
+def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():
+    """bench.paths: a row per shape and dtype with each path's plans and times, "-" where
+    path='fast' has no split, and each shape and pass where auto is more than SLACK over
+    the fastest of our paths named with that path."""
+    from bench import paths
+    assert {"S1", "O1", "A1"} <= set(paths.ALL) and paths.SLACK > 1
+    assert all(H % 4 for (_, _, _, H, _), _ in (paths.EDGES["A3"], paths.EDGES["A5"]))
+
+    def row(sid, auto, steps, fast):
+        r = {"id": sid, "shape": [1, 2, 3, 4, False], "why": "w", "dtype": "float32",
+             "auto plans": ("tile", "steps"), "steps plans": ("steps", "steps"),
+             "fast plans": ("tile", "tile") if fast else None}
+        for path, t in (("auto", auto), ("steps", steps), ("fast", fast)):
+            if t:
+                r[f"{path} train ms"], r[f"{path} infer ms"] = t, t / 2
+        return r
+    rows = [row("O1", 1.0, 2.0, 1.0), row("O2", 1.2, 1.0, 1.1), row("O3", 1.0, 1.02, None)]
+    lines = paths.markdown(rows)
+    assert sum(ln.startswith("| O") for ln in lines) == 3
+    o3, = [ln for ln in lines if ln.startswith("| O3 ")]
+    assert o3.startswith("| O3 | 1, 2, 3, 4, False | float32 | tile \\| steps | 1.000 | 1.020 "
+                         "| - | 1.00 | 0.500 | 0.510 | - | 1.00 | none fits |")
+    assert lines[lines.index("Where auto is more than 1.05x the fastest of our paths:") + 1:] \
+        == ["- O2 float32 train: auto 1.20x the time of path='steps'",
+            "- O2 float32 infer: auto 1.20x the time of path='steps'"]
+    assert paths.markdown(rows[:1])[-1] == "- none"

@@ -459,6 +459,60 @@ def test_each_tile_kernel_at_the_ends_of_its_range(cp, poison, rng, monkeypatch,
         _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
 
 
+_CLUSTER_CASES = [(dt, tile) for dt, tile in _TILE_CASES if tile[0] > 1]
+
+
+@pytest.mark.parametrize("dtype,tile", _CLUSTER_CASES, ids=[
+    f"{np.dtype(dt).name.replace('float', 'f')}_c{c}_q{q}_r{r}_t{nt}_u{u}"
+    for dt, (c, q, r, nt, u) in _CLUSTER_CASES])
+def test_each_cluster_tile_kernel_where_its_last_blocks_own_no_units(cp, poison, rng,
+                                                                    monkeypatch, dtype, tile):
+    """Every cluster tile kernel at the largest H where 16-byte packs of units leave its last
+    block(s) no units (H = 130 in float32 in a cluster of 8: 7 x 20 units): those blocks
+    take part in the exchange only. One row per group and the most it takes (B = 5)."""
+    it = np.dtype(dtype).itemsize
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+    C, v = tile[0], 16 // it
+
+    def empty_blocks(H):
+        units = -(-(-(-H // C)) // v) * v
+        return C - -(-H // units)
+
+    holds = [H for H in range(1, 300) if empty_blocks(H) and _tile_plan(cp, dtype, tile, 1, H, 1)]
+    if not holds:
+        pytest.skip("no H leaves this cluster's blocks without units")
+    H = max(holds)
+    most = max(r for r in range(1, tile[2] + 1) if _tile_plan(cp, dtype, tile, 5, H, r))
+    for rows in sorted({1, most}):
+        plan = _tile_plan(cp, dtype, tile, 5, H, rows)
+        assert (C - 1) * plan.units >= H
+        p = problem(rng, 4, 5, 3, H, True)
+        _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
+
+
+_GRID_CASES = [(dt, tile, H) for dt, H in ((np.float32, 258), (np.float32, 651),
+                                           (np.float64, 257), (np.float64, 130))
+               for tile in plans.TILES[np.dtype(dt).itemsize] if tile[0] == 0]
+
+
+@pytest.mark.parametrize("dtype,tile,H", _GRID_CASES, ids=[
+    f"{np.dtype(dt).name.replace('float', 'f')}_H{H}" for dt, _, H in _GRID_CASES])
+def test_grid_scope_where_rows_are_not_on_16_byte_boundaries(cp, poison, rng, monkeypatch,
+                                                             dtype, tile, H):
+    """Grid scope stages the vector with element loads where H is not a multiple of the
+    16-byte pack: with one row per group and the most it takes (B = 5; variable lengths
+    there, where the tile has kernels for them)."""
+    most = max(r for r in range(1, tile[2] + 1) if _tile_plan(cp, dtype, tile, 5, H, r))
+    for rows in sorted({1, most}):
+        plan = _tile_plan(cp, dtype, tile, 5, H, rows)
+        assert plan.scope == "grid" and H % (16 // np.dtype(dtype).itemsize)
+        lengths = rows == most and plans.tile_has(
+            _catalog.CTYPE[np.dtype(dtype).itemsize], tile, "train", lengths=True)
+        p = problem(rng, 4, 5, 3, H, True, lengths=lengths)
+        _check(_run_plan(cp, monkeypatch, p, dtype, plan), p, dtype)
+
+
 @pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
 @pytest.mark.parametrize("blocks", [1, 3], ids=["block", "grid"])
 def test_persist_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeypatch, blocks,

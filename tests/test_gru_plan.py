@@ -317,7 +317,8 @@ def _clusters(grid, tile, R, B, H, J, KS, w_hh, fwd, counters, G, groups):
         order = [g for k in range(slots) for g in range(k, groups, slots)]
         assert sorted(order) == list(range(groups))
     blocks = C or G
-    assert (blocks - 1) * J < H <= blocks * J
+    # (a cluster's last blocks may own no units, where 16-byte packs of units leave none)
+    assert H <= blocks * J and (C > 1 or (blocks - 1) * J < H)
     for d in range(grid[1]):
         for grp in order:
             tiles = [_Tile(c, H, J, KS, Q, NT, U, 2) for c in range(blocks)]
@@ -350,7 +351,6 @@ def tile_forward(train, tile):
         assert block[0] == NT and R <= MR and cooperative == (C == 0)
         assert smem == _tile_smem(tile, R, J, KS, 1, 3, 6 * J)
         assert C <= 1 or J % V == 0
-        assert C or H % V == 0          # (grid scope moves the vector in 16-byte packs)
         assert not train or S == steps + 1
         for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, True,
                                                  counters, G, groups):
@@ -403,7 +403,6 @@ def tile_backward(tile):
         assert block[0] == NT and R <= MR and cooperative == (C == 0)
         assert smem == _tile_smem(tile, R, J, KS, 3, 6, 0)
         assert C <= 1 or J % V == 0
-        assert C or H % V == 0
         for d, b0, rows, tiles, wts in _clusters(grid, tile, R, B, H, J, KS, w_hh, False,
                                                  counters, G, groups):
             vec = np.zeros((2, MR, 3 * HS))
@@ -600,7 +599,8 @@ def test_fast_path_splits_respect_the_kernels_limits(B, H, D, itemsize):
 @pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 2, 4, 5, False, True), (4, 7, 2, 3, True, True),
                                            (5, 1, 3, 17, True, False), (3, 9, 2, 33, False, True),
                                            (2, 3, 2, 1, True, True), (3, 9, 2, 34, True, True),
-                                           (2, 5, 3, 130, True, False)])
+                                           (2, 5, 3, 130, True, False),
+                                           (2, 3, 2, 98, False, True)])
 @pytest.mark.parametrize("tile", _catalog.TILES[8], ids=str)
 @pytest.mark.parametrize("lengths", [False, True], ids=["T", "lengths"])
 def test_tile_kernels_plan_computes_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi,
@@ -647,10 +647,11 @@ def _splits(B, H, tile, itemsize):
                                1028, 2048])
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
 def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
-    """Every tile split fits its kernels: every block owns units, a unit's lanes (a power of
+    """Every tile split fits its kernels: every block owns units (a cluster's last blocks
+    none where packs of units leave none), a unit's lanes (a power of
     two up to TILE_MAX_LANES, GRID_MAX_LANES at grid scope) cover H with the kernel's packs,
     the product's and the pointwise step's threads fit the block, grid scope takes the
-    fewest blocks per group that hold H (and H a multiple of the pack), and the rank counts
+    fewest blocks per group that hold H, and the rank counts
     waves of groups."""
     cluster, packs, max_rows, threads, per_thread = tile
     v = 16 // itemsize
@@ -659,7 +660,11 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
         assert plan.tile == tile and plan.scope == {0: "grid", 1: "block"}.get(cluster,
                                                                                 "cluster")
         assert plan.rows == rows and plan.groups * rows >= 37 > (plan.groups - 1) * rows
-        assert (blocks - 1) * plan.units < H <= blocks * plan.units
+        assert H <= blocks * plan.units
+        if cluster > 1:     # packs of units, as few as cover H / cluster
+            assert plan.units == -(-(-(-H // cluster)) // v) * v
+        else:               # every block owns units
+            assert (blocks - 1) * plan.units < H
         assert plan.lanes & (plan.lanes - 1) == 0
         assert plan.lanes <= (_catalog.GRID_MAX_LANES if cluster == 0
                               else _catalog.TILE_MAX_LANES)
@@ -668,7 +673,7 @@ def test_tile_splits_respect_the_kernels_limits(H, itemsize, tile):
         assert plan.units // per_thread * plan.lanes <= threads and plan.units * rows <= threads
         assert plan.lanes * packs * v >= H > plan.lanes // 2 * packs * v
         if cluster == 0:
-            assert H % v == 0 and plan.group_blocks >= 1 and plan.slots == 0
+            assert plan.group_blocks >= 1 and plan.slots == 0
             held = threads // plan.lanes * per_thread      # the most units a block takes
             assert plan.units <= held and (plan.group_blocks - 1) * held < H
         assert plans.tile_rank(plan, 1, 16)[0] == -(-plan.groups // 16)
@@ -702,7 +707,7 @@ def _pointwise_and_sends(plan, H, rows, rank, segs, itemsize):
     return steps, p0, sends
 
 
-@pytest.mark.parametrize("H", [4, 17, 33, 64, 100, 128, 200, 256])
+@pytest.mark.parametrize("H", [4, 17, 33, 64, 98, 100, 128, 130, 132, 196, 200, 256])
 @pytest.mark.parametrize("itemsize,tile", [(it, t) for it, t in _all_tiles() if t[0] > 0],
                          ids=str)
 def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
@@ -742,17 +747,13 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
 @pytest.mark.parametrize("cluster", _catalog.CLUSTERS)
 def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):
     """The largest H some tile kernel of each cluster size holds (docs/api.md's limits);
-    below it, every H whose units leave no block empty."""
+    below it, every H (a cluster's last blocks own no units where packs of units leave
+    none: H = 130 in float32 in a cluster of 8)."""
     fits = {1: (128, 64), 2: (128, 64), 4: (128, 128), 8: (256, 128)}[cluster][itemsize // 8]
-    v = 16 // itemsize
     tiles = [t for t in _catalog.TILES[itemsize] if t[0] == cluster]
     for H in range(1, 300):
-        units = -(-H // cluster)
-        if cluster > 1:
-            units = -(-units // v) * v    # clusters exchange whole 16-byte packs of units
-        every_block = (cluster - 1) * units < H
         held = any(plans.tile_split(1, H, 1, t, 1, itemsize) for t in tiles)
-        assert held == (H <= fits and every_block), H
+        assert held == (H <= fits), H
 
 
 def test_grid_scope_slots_fit_the_groups_the_gpu_holds():
@@ -900,3 +901,47 @@ def test_the_plain_gpu_call_s_short_checks_take_only_what_the_general_ones_pass(
         a = {"dy": dy, "dh_n": dh_n, **bad}
         with pytest.raises((TypeError, ValueError), match=error):
             _args.backward_args(a["dy"], a["dh_n"], saved)
+
+
+@pytest.mark.parametrize("H,itemsize", [(8, 4), (10, 4), (13, 4), (6, 8), (7, 8)])
+def test_grid_scope_staging_writes_each_vector_element_once(H, itemsize):
+    """gru_tile_stage (grid scope), transcribed: its 16-byte copies where H is a multiple of
+    the pack and its element loads, four per thread at a time, else, write each element of
+    the MR rows of `segs` segments of HS exactly once: the group's rows of the source below
+    H, zeros past H and past the group's rows."""
+    V, MR, NT, rows = 16 // itemsize, 3, 32, 2
+    HS = -(-H // (2 * V)) * 2 * V            # (KS*Q*V >= H)
+    for segs, ld in ((1, H), (3, 3 * H)):
+        src = np.arange(1.0, rows * ld + 1)
+        vec = np.full(MR * segs * HS, np.nan)
+        writes = np.zeros(vec.size, int)
+
+        def put(at, value):
+            vec[at] = value
+            writes[at] += 1
+        if H % V == 0:
+            nr = HS // V
+            n = MR * segs * nr
+            for tid in range(NT):
+                for idx in range(tid, n, NT):
+                    rg, k = idx // nr, idx % nr * V
+                    i, g = rg // segs, rg % segs
+                    on = i < rows and k < H
+                    for e in range(V):
+                        put(rg * HS + k + e, src[i * ld + g * H + k + e] if on else 0.0)
+        else:
+            n = MR * segs * HS
+            for tid in range(NT):
+                for base in range(tid, n, 4 * NT):
+                    for u in range(4):
+                        idx = base + u * NT
+                        rg, k = idx // HS, idx % HS
+                        i, g = rg // segs, rg % segs
+                        if idx < n:
+                            put(idx, src[i * ld + g * H + k] if i < rows and k < H else 0.0)
+        assert (writes == 1).all()
+        want = np.zeros((MR, segs, HS))
+        for i in range(rows):
+            for g in range(segs):
+                want[i, g, :H] = src[i * ld + g * H:i * ld + g * H + H]
+        np.testing.assert_array_equal(vec, want.reshape(-1))

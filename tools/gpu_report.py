@@ -355,6 +355,9 @@ def main(argv=None) -> int:
         # the shapes off the table, fixed before tuning for them
         lines += json_bench(py, out, "offtable", "gru-log.txt", 300,
                             "Shapes off the S1-S10 table")
+        # every path of ours per shape: does path="auto" take the fastest?
+        lines += json_bench(py, out, "paths", "gru-log.txt", 400,
+                            "Every path of ours per shape, and path='auto'")
         # half-precision accuracy against torch.nn.GRU (cuDNN) in the same dtype
         lines += json_bench(py, out, "precision", "gru-log.txt", 300,
                             "Accuracy in float16 and bfloat16", ("--device", "cuda"))

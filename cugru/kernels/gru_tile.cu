@@ -362,24 +362,45 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
 };
 
 // Grid scope: the vector of a step from global memory into shared memory, zero past H and
-// in the rows past `rows` (H a multiple of the pack):
+// in the rows past `rows`:
 //   vec[(i*segs + g)*HS + k] = src[i*ld + g*H + k]   for i < MR, g < segs, k < HS.
-// Asynchronous 16-byte copies through L2 (other blocks wrote the vector: L1 may hold stale
-// lines), zero-filled where there is no source; it returns once all of this thread's copies
-// (the ring's too) have landed.
+// Through L2 (other blocks wrote the vector: L1 may hold stale lines). Where H is a multiple
+// of the pack, every row starts on a 16-byte boundary: asynchronous 16-byte copies,
+// zero-filled where there is no source. Else (the branch is the same for the whole block)
+// element loads, four in flight per thread. It returns once all of this thread's copies (the
+// ring's too) have landed.
 template <typename T, int MR, int NT>
 __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T* src,
                                                int ld, int H, int rows) {
     constexpr int V = Pack16<T>::N;
-    const int nr = HS / V, n = MR * segs * nr;
-    for (int idx = threadIdx.x; idx < n; idx += NT) {
-        const int rg = idx / nr, k = (idx - rg * nr) * V;   // rg = i*segs + g
-        const int i = rg / segs, g = rg - i * segs;
-        const bool in = i < rows && k < H;
-        const T* at = in ? src + i * ld + g * H + k : src;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     ::"r"(gru_smem_addr(vec + rg * HS + k)), "l"(at), "r"(in ? 16 : 0)
-                     : "memory");
+    if (H % V == 0) {
+        const int nr = HS / V, n = MR * segs * nr;
+        for (int idx = threadIdx.x; idx < n; idx += NT) {
+            const int rg = idx / nr, k = (idx - rg * nr) * V;   // rg = i*segs + g
+            const int i = rg / segs, g = rg - i * segs;
+            const bool in = i < rows && k < H;
+            const T* at = in ? src + i * ld + g * H + k : src;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         ::"r"(gru_smem_addr(vec + rg * HS + k)), "l"(at), "r"(in ? 16 : 0)
+                         : "memory");
+        }
+    } else {
+        constexpr int L = 4;
+        const int n = MR * segs * HS;
+        for (int base = threadIdx.x; base < n; base += L * NT) {
+            T v[L];
+#pragma unroll
+            for (int u = 0; u < L; ++u) {
+                const int idx = base + u * NT, rg = idx / HS, k = idx - rg * HS;
+                const int i = rg / segs, g = rg - i * segs;
+                v[u] = (idx < n && i < rows && k < H) ? __ldcg(src + i * ld + g * H + k) : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < L; ++u) {
+                const int idx = base + u * NT;
+                if (idx < n) vec[idx] = v[u];
+            }
+        }
     }
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }

@@ -1,0 +1,146 @@
+"""Every GPU path of ours on each shape, and whether path="auto" takes the fastest: the
+S1-S10 table, the off-table shapes (bench/offtable.py) and hidden sizes beside the tiles'
+edges (H not a multiple of the 16-byte pack next to one that is).
+
+    python -m bench.paths [--shapes S1,O1,A1,...] [--dtypes float32,float64] [--repeat N] [--json FILE]
+
+For each shape and pass (train step, inference): the device time of path="auto", "steps"
+and "fast" (fast_plan's split, where one fits), the plan each runs, and auto's time over
+the fastest of the three. A shape where auto is more than SLACK slower is listed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import timing
+from .gru import ours_calls
+from .offtable import OFF_TABLE
+from .shapes import SHAPES, id_list, make_problem
+
+#: shapes beside the tiles' edges: id -> ((T, B, I, H, bidirectional), what for)
+EDGES = {
+    "A1": ((100, 64, 40, 132, False), "H = 132: a cluster of 8 whose last block has no units"),
+    "A2": ((100, 16, 64, 196, True), "H = 196, bidirectional: likewise"),
+    "A3": ((50, 20, 128, 650, False), "H = 650: grid scope, rows not on 16-byte boundaries"),
+    "A4": ((50, 20, 128, 652, False), "H = 652: beside A3, rows on 16-byte boundaries"),
+    "A5": ((100, 8, 64, 258, False), "H = 258, B = 8: grid scope, unaligned rows"),
+    "A6": ((100, 8, 64, 260, False), "H = 260, B = 8: beside A5, aligned"),
+}
+ALL = {**{k: (v, "S1-S10") for k, v in SHAPES.items()}, **OFF_TABLE, **EDGES}
+PATHS = ("auto", "steps", "fast")
+#: auto may be this much slower than the fastest of our paths before a shape is listed (two
+#: runs of one path differ by a few percent)
+SLACK = 1.05
+
+
+def plan_name(plan) -> str:
+    """A short name of a plan: small, steps, persist(blocks), tile(scope, cluster, ...)."""
+    from cugru import plans
+    if plan is None:
+        return "-"
+    if plan is plans.SMALL:
+        return "small"
+    if plan is plans.STEPS:
+        return "steps"
+    if isinstance(plan, plans.PersistPlan):
+        return f"persist({plan.blocks} blocks)"
+    return f"tile({plan.scope}, {plan.tile}, {plan.units} units)"
+
+
+def plans_of(path, T, B, I, H, D, dtype):
+    """(forward plan, backward plan) names of a path on a shape."""
+    from cugru import plans
+    try:
+        return tuple(plan_name(plans.choose(path, B, H, D, np.dtype(dtype), bw, T, I))
+                     for bw in (False, True))
+    except ValueError:
+        return None
+
+
+def run(ids, repeat, dtypes=("float32",)):
+    """Rows: per shape and dtype, each path's plans and train and inference times (ms)."""
+    import cupy as cp
+    rows = []
+    for sid in ids:
+        (T, B, I, H, bi), why = ALL[sid]
+        D = 2 if bi else 1
+        for dt in dtypes:
+            p = make_problem(T, B, I, H, bi, dtype=np.dtype(dt))
+            row = {"id": sid, "shape": [T, B, I, H, bi], "why": why, "dtype": dt}
+            n = max(3, repeat // 4) if T >= 1000 else repeat
+            for path in PATHS:
+                names = plans_of(path, T, B, I, H, D, dt)
+                row[f"{path} plans"] = names
+                if names is None:        # (path="fast" where no split fits)
+                    continue
+                train, infer = ours_calls(p, cp, path)
+                row[f"{path} train ms"] = timing.gpu_time_us(train, n_repeat=n) / 1e3
+                row[f"{path} infer ms"] = timing.gpu_time_us(infer, n_repeat=n) / 1e3
+            rows.append(row)
+            print(f"  {sid} {dt}: {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def over_best(row, kind):
+    """auto's time over the fastest path's, for `kind` "train" or "infer"."""
+    times = [row[f"{p} {kind} ms"] for p in PATHS if f"{p} {kind} ms" in row]
+    return row[f"auto {kind} ms"] / min(times)
+
+
+def slower(rows):
+    """The lines naming each shape and pass where auto is more than SLACK over the best."""
+    out = []
+    for r in rows:
+        for kind in ("train", "infer"):
+            ratio = over_best(r, kind)
+            if ratio > SLACK:
+                best = min((p for p in PATHS if f"{p} {kind} ms" in r),
+                           key=lambda p: r[f"{p} {kind} ms"])
+                out.append(f"- {r['id']} {r['dtype']} {kind}: auto {ratio:.2f}x the time of "
+                           f"path='{best}'")
+    return out
+
+
+def markdown(rows):
+    out = ["Our paths on each shape, device time, ms (auto / best: path='auto' over the fastest "
+           "of the three); plans forward | backward", "",
+           "| id | T, B, I, H, bi | dtype | auto plans | train: auto | steps | fast | "
+           "auto / best | inference: auto | steps | fast | auto / best | fast plans |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ms(r, key):
+        return f"{r[key]:.3f}" if key in r else "-"
+    for r in rows:
+        auto = " \\| ".join(r["auto plans"])
+        fast = " \\| ".join(r["fast plans"]) if r["fast plans"] else "none fits"
+        out.append(f"| {r['id']} | {', '.join(map(str, r['shape']))} | {r['dtype']} | {auto} | "
+                   f"{ms(r, 'auto train ms')} | {ms(r, 'steps train ms')} | "
+                   f"{ms(r, 'fast train ms')} | {over_best(r, 'train'):.2f} | "
+                   f"{ms(r, 'auto infer ms')} | {ms(r, 'steps infer ms')} | "
+                   f"{ms(r, 'fast infer ms')} | {over_best(r, 'infer'):.2f} | {fast} |")
+    return out + ["", f"Where auto is more than {SLACK}x the fastest of our paths:"] \
+        + (slower(rows) or ["- none"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--shapes", type=id_list(ALL), default=list(ALL), help="comma-separated ids")
+    ap.add_argument("--dtypes", default="float32", help="float32 and/or float64")
+    ap.add_argument("--repeat", type=int, default=10, help="timed calls per measurement")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if not dtypes or any(d not in ("float32", "float64") for d in dtypes):
+        ap.error(f"--dtypes must name float32 and/or float64, got {args.dtypes!r}")
+    timing.require_gpu()
+    rows = run(args.shapes, args.repeat, dtypes)
+    timing.publish(markdown(rows), rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
