@@ -364,11 +364,15 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
 // Grid scope: the vector of a step from global memory into shared memory, zero past H and
 // in the rows past `rows`:
 //   vec[(i*segs + g)*HS + k] = src[i*ld + g*H + k]   for i < MR, g < segs, k < HS.
-// Through L2 (other blocks wrote the vector: L1 may hold stale lines). Where H is a multiple
-// of the pack, every row starts on a 16-byte boundary: asynchronous 16-byte copies,
-// zero-filled where there is no source. Else (the branch is the same for the whole block)
-// element loads, four in flight per thread. It returns once all of this thread's copies (the
-// ring's too) have landed.
+// Through L2 (other blocks wrote the vector: L1 may hold stale lines). It returns once all of
+// this thread's copies (the ring's too) have landed. Two ways (the same for the whole block):
+// - H a multiple of the pack: every row starts on a 16-byte boundary; asynchronous 16-byte
+//   copies, zero-filled where there is no source.
+// - else: the group's rows of a step are one span of rows*segs*H elements from src (ld is
+//   segs*H), which starts anywhere in a 16-byte pack. Its packs are loaded (the first and
+//   last element by element, where they reach past the span), four in flight per thread,
+//   and each element is stored at its row and column. The vector stays zero elsewhere from
+//   gru_tile_zero at the start of the group.
 template <typename T, int MR, int NT>
 __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T* src,
                                                int ld, int H, int rows) {
@@ -385,24 +389,52 @@ __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T
                          : "memory");
         }
     } else {
+        typedef typename Pack16<T>::type P;
         constexpr int L = 4;
-        const int n = MR * segs * HS;
-        for (int base = threadIdx.x; base < n; base += L * NT) {
-            T v[L];
+        // the span's elements before src in its first pack
+        const int lead = (int)((reinterpret_cast<unsigned long long>(src) & 15) / sizeof(T));
+        const T* base = src - lead;
+        const int n = rows * segs * H, np = (lead + n + V - 1) / V;
+        for (int p0 = threadIdx.x; p0 < np; p0 += L * NT) {
+            T v[L][V];
 #pragma unroll
             for (int u = 0; u < L; ++u) {
-                const int idx = base + u * NT, rg = idx / HS, k = idx - rg * HS;
-                const int i = rg / segs, g = rg - i * segs;
-                v[u] = (idx < n && i < rows && k < H) ? __ldcg(src + i * ld + g * H + k) : T(0);
+                const int p = p0 + u * NT, f0 = p * V - lead;   // the pack's first element
+                if (p < np && f0 >= 0 && f0 + V <= n) {
+                    const P q = __ldcg(reinterpret_cast<const P*>(base) + p);
+                    const T* e = reinterpret_cast<const T*>(&q);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) v[u][k] = e[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < V; ++k)
+                        v[u][k] = (p < np && f0 + k >= 0 && f0 + k < n) ? __ldcg(src + f0 + k)
+                                                                         : T(0);
+                }
             }
 #pragma unroll
             for (int u = 0; u < L; ++u) {
-                const int idx = base + u * NT;
-                if (idx < n) vec[idx] = v[u];
+                const int f0 = (p0 + u * NT) * V - lead;
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    const int f = f0 + k, rg = f / H;
+                    if (f >= 0 && f < n) vec[rg * HS + f - rg * H] = v[u][k];
+                }
             }
         }
     }
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
+
+// Grid scope, H not a multiple of the pack: the vector's MR rows of segs*HS zeroed at the
+// start of a group (gru_tile_stage then writes only the group's rows below H), and the
+// block's threads meet (their last reads of the vector came before, at the previous
+// group's last barrier)
+template <typename T, int MR, int NT>
+__device__ __forceinline__ void gru_tile_zero(T* vec, int HS, int segs, int H) {
+    if (H % Pack16<T>::N == 0) return;
+    for (int idx = threadIdx.x; idx < MR * segs * HS; idx += NT) vec[idx] = T(0);
+    __syncthreads();
 }
 
 // the product thread's weights: forward rows (FWD) or backward columns of units j .. j + U-1
@@ -501,6 +533,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
     auto run = [&]() {
         const int j = tl.j;
         const unsigned int xbytes = C > 1 ? gru_exchange_bytes<T>(tl.rows, 1, J, tl.j0, HP) : 0;
+        if (C == 0) gru_tile_zero<T, MR, NT>(tl.vec, HS, 1, H);
         if (C > 0) {
             for (int idx = threadIdx.x; idx < 2 * MR * HS; idx += NT) {   // h0, zeros elsewhere
                 const int i = idx / HS, k = idx - i * HS;
@@ -615,6 +648,8 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
         const int j = tl.j;
         if (C > 0) {
             for (int idx = threadIdx.x; idx < 2 * MR * 3 * HS; idx += NT) tl.vec[idx] = T(0);
+        } else {
+            gru_tile_zero<T, MR, NT>(tl.vec, HS, 3, H);
         }
         // the pointwise thread's carried gradient, dh*z, and the addresses of its row at step
         // or time 0 with the stride per step (or time)
