@@ -492,7 +492,7 @@ def test_each_cluster_tile_kernel_where_its_last_blocks_own_no_units(cp, poison,
 
 
 _GRID_CASES = [(dt, tile, H) for dt, H in ((np.float32, 258), (np.float32, 391),
-                                           (np.float64, 257), (np.float64, 130))
+                                           (np.float64, 257), (np.float64, 131))
                for tile in plans.TILES[np.dtype(dt).itemsize] if tile[0] == 0]
 
 

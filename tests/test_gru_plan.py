@@ -909,7 +909,7 @@ def test_grid_scope_staging_writes_each_vector_element_once(H, itemsize, lead):
     """gru_tile_stage (grid scope), transcribed: where H is a multiple of the pack, its
     16-byte copies write each element of the MR rows of `segs` segments of HS once; else
     (the group's rows one span from src, `lead` elements into a 16-byte pack) its pack
-    loads, four per thread at a time, read nothing outside the span and store each of its
+    loads, four per thread at a time (two in double), read nothing outside the span and store each of its
     elements once, into a vector gru_tile_zero zeroed. Either way: the group's rows of the
     source below H, zeros past H and past the group's rows."""
     V, MR, NT, rows = 16 // itemsize, 3, 32, 2
@@ -942,10 +942,10 @@ def test_grid_scope_staging_writes_each_vector_element_once(H, itemsize, lead):
                         put(rg * HS + k + e, load(i * ld + g * H + k + e) if on else 0.0)
         else:
             vec[:] = 0.0                       # gru_tile_zero
-            np_ = -(-(lead + n) // V)
+            np_, L = -(-(lead + n) // V), 4 if V == 4 else 2     # (packs in flight)
             for tid in range(NT):
-                for p0 in range(tid, np_, 4 * NT):
-                    for u in range(4):
+                for p0 in range(tid, np_, L * NT):
+                    for u in range(L):
                         p = p0 + u * NT
                         f0 = p * V - lead
                         if p < np_ and f0 >= 0 and f0 + V <= n:     # a whole pack
@@ -953,10 +953,14 @@ def test_grid_scope_staging_writes_each_vector_element_once(H, itemsize, lead):
                         else:
                             v = [load(lead + f0 + e) if p < np_ and 0 <= f0 + e < n else 0.0
                                  for e in range(V)]
+                        rg = f0 // H if f0 > 0 else 0     # (one division a pack)
+                        col = f0 - rg * H
                         for e in range(V):
-                            f = f0 + e
-                            if 0 <= f < n:
-                                put(f // H * HS + f % H, v[e])
+                            if 0 <= f0 + e < n:
+                                put(rg * HS + col, v[e])
+                            col += 1
+                            if col == H:
+                                col, rg = 0, rg + 1
             assert read == set(range(lead, lead + n))
         want = np.zeros((MR, segs, HS))
         for i in range(rows):

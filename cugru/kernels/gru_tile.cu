@@ -370,8 +370,8 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
 //   copies, zero-filled where there is no source.
 // - else: the group's rows of a step are one span of rows*segs*H elements from src (ld is
 //   segs*H), which starts anywhere in a 16-byte pack. Its packs are loaded (the first and
-//   last element by element, where they reach past the span), four in flight per thread,
-//   and each element is stored at its row and column. The vector stays zero elsewhere from
+//   last element by element, where they reach past the span), 64 bytes in flight per
+//   thread (32 in double), and each element is stored at its row and column. The vector stays zero elsewhere from
 //   gru_tile_zero at the start of the group.
 template <typename T, int MR, int NT>
 __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T* src,
@@ -390,7 +390,8 @@ __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T
         }
     } else {
         typedef typename Pack16<T>::type P;
-        constexpr int L = 4;
+        // packs in flight per thread (two in double: more spill in the grid backward kernels)
+        constexpr int L = V == 4 ? 4 : 2;
         // the span's elements before src in its first pack
         const int lead = (int)((reinterpret_cast<unsigned long long>(src) & 15) / sizeof(T));
         const T* base = src - lead;
@@ -414,11 +415,17 @@ __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T
             }
 #pragma unroll
             for (int u = 0; u < L; ++u) {
+                // element f = f0 + e of the span is row rg = f / H, column f % H: one
+                // division a pack, then the column counts on (negative before the span)
                 const int f0 = (p0 + u * NT) * V - lead;
+                int rg = f0 > 0 ? f0 / H : 0, col = f0 - rg * H;
 #pragma unroll
-                for (int k = 0; k < V; ++k) {
-                    const int f = f0 + k, rg = f / H;
-                    if (f >= 0 && f < n) vec[rg * HS + f - rg * H] = v[u][k];
+                for (int e = 0; e < V; ++e) {
+                    if (f0 + e >= 0 && f0 + e < n) vec[rg * HS + col] = v[u][e];
+                    if (++col == H) {
+                        col = 0;
+                        ++rg;
+                    }
                 }
             }
         }
