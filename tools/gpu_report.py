@@ -203,6 +203,7 @@ def main(argv=None) -> int:
              f"- GPU: {gpu_info()}",
              f"- made by: `python tools/gpu_report.py OUTDIR --commit {commit[:12]}`", ""]
     write(out, "header", header)
+    py = sys.executable
 
     if "tests" not in skip:
         xml = os.path.join(out, "junit.xml")
