@@ -278,7 +278,7 @@ def test_auto_may_take_the_small_path_for_backward_alone(cp, rng):
 
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
-    waves of groups; the persist kernels up to PERSIST_AUTO_MAX_WORK; else per step."""
+    waves of groups (any H: rows off 16-byte boundaries too); else per step."""
     chosen = []
     monkeypatch.setattr(cugru.gru._passes, "forward",
                         lambda a, plan: chosen.append(plan) or (None, None, None))
@@ -295,10 +295,10 @@ def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     plan = plans.fast_plan(64, 1024, 1, np.float32)                 # S9
     waves = -(-plan.groups // plan.slots)
     assert waves > plans.GRID_AUTO_MAX_WAVES and auto(64, 1024) is plans.STEPS
-    # H = 1022 is no multiple of the pack: the persist kernels, beyond the work limit
-    assert isinstance(plans.fast_plan(64, 1022, 1, np.float32), plans.PersistPlan)
+    # H = 1022 is no multiple of the pack: grid scope too, beyond the waves limit
+    plan = plans.fast_plan(64, 1022, 1, np.float32)
+    assert plan.scope == "grid" and -(-plan.groups // plan.slots) > plans.GRID_AUTO_MAX_WAVES
     assert auto(64, 1022) is plans.STEPS
-    assert 64 * 3 * 1022 * 1022 > plans.PERSIST_AUTO_MAX_WORK
 
 
 def _zero_weights(cp, H, I):
@@ -319,9 +319,9 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     assert plans.fast_plan(1, 64, 1, np.float64).scope == "block"
     assert plans.fast_plan(1, 65, 1, np.float64).scope == "cluster"
     assert plans.fast_plan(64, 1024, 2, np.float32).scope == "grid"
-    # beyond a cluster, the tile kernels at grid scope where H is a multiple of the pack
+    # beyond a cluster, the tile kernels at grid scope, for any H
     assert plans.fast_plan(64, 512, 1, np.float32).tile[0] == 0
-    assert isinstance(plans.fast_plan(64, 513, 1, np.float32), plans.PersistPlan)
+    assert plans.fast_plan(64, 513, 1, np.float32).tile[0] == 0
     # too large for the tile kernels (H > 256) and too many rows for the persist kernels:
     # no plan; "fast" refuses, "auto" falls back to the per-step path
     assert plans.fast_plan(2100, 257, 1, np.float32) is None

@@ -179,13 +179,17 @@ def test_qat_runs_every_scope(cp, poison, rng, shape, scope):
 @pytest.mark.parametrize("path", ["steps", "fast", "small"])
 def test_a_plain_call_launches_no_quantization_aware_kernel(cp, rng, monkeypatch, path):
     """quant=None launches the plain instances (their QAT flag false) and no quantizer;
-    quant=spec the QAT instances and the quantizers. (Every launch packs its arguments.)"""
+    quant=spec the QAT instances and the quantizers. (Every launch packs its arguments: by
+    name, or in the declared order.)"""
     from cukernels import runtime
     launched = []
-    pack = runtime.Kernel.pack_into
+    pack, values = runtime.Kernel.pack_into, runtime.Kernel.launch_values
     monkeypatch.setattr(runtime.Kernel, "pack_into",
                         lambda self, buf, args: launched.append(self.name) or
                         pack(self, buf, args))
+    monkeypatch.setattr(runtime.Kernel, "launch_values",
+                        lambda self, *a, **kw: launched.append(self.name) or
+                        values(self, *a, **kw))
     p = to_gpu(cp, cast(problem(rng, 6, 3, 5, 7, True), np.float32))
     def qat_flag(name):      # (a tile kernel's last flag is LEN, its QAT flag the one before)
         flags = name.rstrip(">").split(",")
