@@ -322,10 +322,11 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     # beyond a cluster, the tile kernels at grid scope, for any H
     assert plans.fast_plan(64, 512, 1, np.float32).tile[0] == 0
     assert plans.fast_plan(64, 513, 1, np.float32).tile[0] == 0
-    # too large for the tile kernels (H > 256) and too many rows for the persist kernels:
-    # no plan; "fast" refuses, "auto" falls back to the per-step path
-    assert plans.fast_plan(2100, 257, 1, np.float32) is None
-    p = problem(rng, 2, 2100, 2, 257, False)
+    # too large for the tile kernels (a unit's lanes would pass GRID_MAX_LANES) and too many
+    # rows for the persist kernels: no plan; "fast" refuses, "auto" falls back to the
+    # per-step path
+    assert plans.fast_plan(512, 1600, 1, np.float32) is None
+    p = problem(rng, 1, 512, 2, 1600, False)
     g = to_gpu(cp, cast(p, np.float32))
     with pytest.raises(ValueError, match="do not fit the fast path"):
         cugru.gru_forward(g["x"], g["h0"], *weights(g), path="fast")
