@@ -14,14 +14,13 @@ around back-to-back calls, as bench.gru). Floors: float32 train >= 1.2x and infe
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
 from . import timing
 from .gru import ours_calls, torch_gru_calls
-from .shapes import id_list, make_problem
+from .shapes import make_problem, shapes_main
 
 #: id -> (T, B, I, H, bidirectional), and what each shape is there for
 OFF_TABLE = {
@@ -106,21 +105,7 @@ def markdown(rows):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shapes", type=id_list(OFF_TABLE), default=list(OFF_TABLE),
-                    help="comma-separated ids")
-    ap.add_argument("--dtypes", default="float32,float64", help="float32 and/or float64")
-    ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
-    ap.add_argument("--json", default=None, help="also write the rows to this file")
-    args = ap.parse_args(argv)
-    dtypes = [d for d in args.dtypes.split(",") if d]
-    if not dtypes or any(d not in FLOORS for d in dtypes):
-        ap.error(f"--dtypes must name float32 and/or float64, got {args.dtypes!r}")
-    timing.require_gpu()
-    rows = run(args.shapes, args.repeat, dtypes)
-    timing.publish(markdown(rows), rows, args.json)
-    return 0
+    return shapes_main(__doc__, OFF_TABLE, run, markdown, argv, dtypes="float32,float64", repeat=20)
 
 
 if __name__ == "__main__":

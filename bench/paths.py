@@ -1,6 +1,7 @@
-"""Every GPU path of ours on each shape, and whether path="auto" takes the fastest: the
-S1-S10 table, the off-table shapes (bench/offtable.py) and hidden sizes beside the tiles'
-edges (H not a multiple of the 16-byte pack next to one that is).
+"""Every GPU path of ours on each shape, and whether path="auto" takes the fastest.
+
+The shapes: the S1-S10 table, the off-table shapes (bench/offtable.py) and hidden sizes
+beside the tiles' edges (H not a multiple of the 16-byte pack next to one that is).
 
     python -m bench.paths [--shapes S1,O1,A1,...] [--dtypes float32,float64] [--repeat N] [--json FILE]
 
@@ -10,7 +11,6 @@ the fastest of the three. A shape where auto is more than SLACK slower is listed
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from . import timing
 from .gru import ours_calls
 from .offtable import OFF_TABLE
-from .shapes import SHAPES, id_list, make_problem
+from .shapes import SHAPES, make_problem, shapes_main
 
 #: shapes beside the tiles' edges: id -> ((T, B, I, H, bidirectional), what for)
 EDGES = {
@@ -126,20 +126,7 @@ def markdown(rows):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shapes", type=id_list(ALL), default=list(ALL), help="comma-separated ids")
-    ap.add_argument("--dtypes", default="float32", help="float32 and/or float64")
-    ap.add_argument("--repeat", type=int, default=10, help="timed calls per measurement")
-    ap.add_argument("--json", default=None, help="also write the rows to this file")
-    args = ap.parse_args(argv)
-    dtypes = [d for d in args.dtypes.split(",") if d]
-    if not dtypes or any(d not in ("float32", "float64") for d in dtypes):
-        ap.error(f"--dtypes must name float32 and/or float64, got {args.dtypes!r}")
-    timing.require_gpu()
-    rows = run(args.shapes, args.repeat, dtypes)
-    timing.publish(markdown(rows), rows, args.json)
-    return 0
+    return shapes_main(__doc__, ALL, run, markdown, argv, dtypes="float32", repeat=10)
 
 
 if __name__ == "__main__":

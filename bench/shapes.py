@@ -49,3 +49,25 @@ def id_list(table):
                                              f"choose from {', '.join(table)}")
         return ids
     return parse
+
+
+def shapes_main(doc, table, run, markdown, argv=None, dtypes="float32,float64", repeat=20):
+    """The command line of a benchmark over ids of `table` and float dtypes (--shapes,
+    --dtypes, --repeat, --json): rows = run(ids, repeat, dtypes), printed as markdown(rows)
+    and written as JSON with --json."""
+    from . import timing
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--shapes", type=id_list(table), default=list(table),
+                    help="comma-separated ids")
+    ap.add_argument("--dtypes", default=dtypes, help="float32 and/or float64")
+    ap.add_argument("--repeat", type=int, default=repeat, help="timed calls per measurement")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    chosen = [d for d in args.dtypes.split(",") if d]
+    if not chosen or any(d not in ("float32", "float64") for d in chosen):
+        ap.error(f"--dtypes must name float32 and/or float64, got {args.dtypes!r}")
+    timing.require_gpu()
+    rows = run(args.shapes, args.repeat, chosen)
+    timing.publish(markdown(rows), rows, args.json)
+    return 0
