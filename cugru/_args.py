@@ -157,8 +157,9 @@ def _plain_gpu_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
     dtype, float32 or float64, the weights with their direction axis, plain True/False
     flags, no quantization, no lengths."""
     nd = checks.gpu_flat_type()
-    if nd is None or type(x) is not nd or (bidirectional is not True and
-                                           bidirectional is not False) or \
+    if nd is None or type(x) is not nd or not x._c_contiguous:
+        return None
+    if (bidirectional is not True and bidirectional is not False) or \
             (training is not True and training is not False):
         return None
     dt = x.dtype

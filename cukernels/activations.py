@@ -58,6 +58,15 @@ def _plain_unary(name, x, a=0.0, b=0.0):
     return None
 
 
+def _unary(name, inputs, out, **scalars):
+    """A one-input function: its plain call first (_plain_unary), else _elementwise."""
+    if out is None:
+        y = _plain_unary(name, inputs, scalars.get("a", 0.0), scalars.get("b", 0.0))
+        if y is not None:
+            return y
+    return _elementwise(name, {"inputs": inputs}, scalars, out)
+
+
 def _elementwise(name, arrays, scalars, out):
     """Validate and run one elementwise function; `arrays` is an ordered name -> array dict."""
     (ref_name, ref), *rest = arrays.items()
@@ -79,16 +88,12 @@ def _elementwise(name, arrays, scalars, out):
 
 def line_activation(inputs, a=1.0, b=0.0, *, out=None):
     """LineActivation: ``y = a*x + b``. With ``b = 0`` it is the linear derivative ``a*g``."""
-    y = None if out is not None else _plain_unary("line_activation", inputs, a, b)
-    return y if y is not None else _elementwise("line_activation", {"inputs": inputs},
-                                                {"a": a, "b": b}, out)
+    return _unary("line_activation", inputs, out, a=a, b=b)
 
 
 def sigmoid_activation(inputs, a=1.0, b=0.0, *, out=None):
     """SigmoidActivation: ``y = a/(1 + exp(-x)) - b``."""
-    y = None if out is not None else _plain_unary("sigmoid_activation", inputs, a, b)
-    return y if y is not None else _elementwise("sigmoid_activation", {"inputs": inputs},
-                                                {"a": a, "b": b}, out)
+    return _unary("sigmoid_activation", inputs, out, a=a, b=b)
 
 
 def sigmoid_derivative(outputs, output_gr, a=1.0, b=0.0, *, out=None):
@@ -99,8 +104,7 @@ def sigmoid_derivative(outputs, output_gr, a=1.0, b=0.0, *, out=None):
 
 def tanh_activation(inputs, *, out=None):
     """TanhActivation: ``y = tanh(x)``."""
-    y = None if out is not None else _plain_unary("tanh_activation", inputs)
-    return y if y is not None else _elementwise("tanh_activation", {"inputs": inputs}, {}, out)
+    return _unary("tanh_activation", inputs, out)
 
 
 def tanh_derivative(outputs, output_gr, *, out=None):
@@ -110,9 +114,7 @@ def tanh_derivative(outputs, output_gr, *, out=None):
 
 def lrelu_activation(inputs, a=0.3, *, out=None):
     """LReLUActivation: ``y = x if x > 0 else a*x``."""
-    y = None if out is not None else _plain_unary("lrelu_activation", inputs, a)
-    return y if y is not None else _elementwise("lrelu_activation", {"inputs": inputs},
-                                                {"a": a}, out)
+    return _unary("lrelu_activation", inputs, out, a=a)
 
 
 def lrelu_derivative(outputs, output_gr, a=0.3, *, out=None):
@@ -123,9 +125,7 @@ def lrelu_derivative(outputs, output_gr, a=0.3, *, out=None):
 
 def swish_activation(inputs, b=1.0, *, out=None):
     """SwishActivation: ``y = x/(1 + exp(-b*x))``."""
-    y = None if out is not None else _plain_unary("swish_activation", inputs, b=b)
-    return y if y is not None else _elementwise("swish_activation", {"inputs": inputs},
-                                                {"b": b}, out)
+    return _unary("swish_activation", inputs, out, b=b)
 
 
 def swish_derivative(outputs, output_gr, b, inputs, *, out=None):

@@ -30,6 +30,10 @@ from ._launch import BOOLS, CTYPES
 CHUNK = 4096
 #: threads per block of the list kernels
 THREADS = 256
+#: the parameters of optim.cu's *_multi kernels, in order: the launch passes positional
+#: values, checked once against the kernel's declaration
+MULTI_PARAMS = ("table", "chunk_tensor", "chunk", "batch", "lr", "beta1", "beta2", "l1", "l2",
+                "eps", "c1", "c2")
 #: tables kept by the function form (each a few bytes per tensor of device memory)
 CACHE_SIZE = 8
 
@@ -205,7 +209,8 @@ def _apply(rule, lists, dt, entry, batch_size, variant, scalars, factors=None, *
             one(*arrays, batch_size, **scalars, **extra, variant=variant)
         return
     _, table, chunk_tensor, blocks = entry
-    runtime.kernel("optim.cu", _NAMES[rule, optim._CTYPE[dt], variant]).launch_values(
+    runtime.kernel("optim.cu", _NAMES[rule, optim._CTYPE[dt], variant],
+                   MULTI_PARAMS).launch_values(
         (blocks,), (THREADS,),
         (table, chunk_tensor, CHUNK, *optim.kernel_scalars(batch_size, sc, c1, c2)))
 

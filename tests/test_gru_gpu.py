@@ -555,6 +555,26 @@ def test_numpy_mixed_with_cupy_is_a_type_error(cp, rng):
         cugru.gru_backward(p["dy"], None, saved)
 
 
+def test_views_that_are_not_contiguous_are_errors_naming_them(cp, rng):
+    """A cupy view that is not C-contiguous (x transposed, a strided weight, dy sliced) is a
+    ValueError naming the argument, on the common call's short checks as on the others."""
+    p = problem(rng, 3, 2, 4, 5, False)
+    g = to_gpu(cp, p)
+    w = weights(g)
+    x_t = cp.ascontiguousarray(g["x"].transpose(1, 0, 2)).transpose(1, 0, 2)
+    assert not x_t.flags.c_contiguous and bool((x_t == g["x"]).all())
+    for training in (True, False):
+        with pytest.raises(ValueError, match="x must be C-contiguous"):
+            cugru.gru_forward(x_t, g["h0"], *w, training=training)
+    wide = cp.zeros(w[1].shape[:-1] + (2 * w[1].shape[-1],), w[1].dtype)
+    with pytest.raises(ValueError, match="w_hh must be C-contiguous"):
+        cugru.gru_forward(g["x"], g["h0"], w[0], wide[..., ::2], w[2], w[3])
+    y, hn, saved = cugru.gru_forward(g["x"], g["h0"], *w)
+    dy2 = cp.zeros(y.shape[:-1] + (2 * y.shape[-1],), y.dtype)
+    with pytest.raises(ValueError, match="dy must be C-contiguous"):
+        cugru.gru_backward(dy2[..., ::2], None, saved)
+
+
 CUDNN_SHAPES = ["S1", "S4"] if QUICK else list(BENCH_SHAPES)
 
 

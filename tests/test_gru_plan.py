@@ -878,6 +878,9 @@ def test_the_plain_gpu_call_s_short_checks_take_only_what_the_general_ones_pass(
         "w_hh of the other dtype": dict(w_hh=gpu(D, 3 * H, H, dt=np.float16)),
         "bidirectional 1": dict(bi=1), "training numpy's bool": dict(training=np.True_),
         "x a numpy array": dict(x=np.asarray(args["x"])),
+        "x not contiguous": dict(x=gpu(B, T, I).transpose(1, 0, 2)),
+        "x of the other dtype": dict(x=gpu(T, B, I, dt=np.float64 if dtype == np.float32
+                                            else np.float32)),
         "w_ih not contiguous": dict(w_ih=gpu(D, 3 * H, 2 * I)[:, :, ::2]),
         "b_hh of another shape": dict(b_hh=gpu(D, 3 * H + 1)),
         "h0 of another shape": dict(h0=gpu(D, B + 1, H)),
@@ -889,6 +892,14 @@ def test_the_plain_gpu_call_s_short_checks_take_only_what_the_general_ones_pass(
     }
     for what, change in deviations.items():
         assert short(**change) is None, what
+        # the general checks decide it: an error naming the argument, or the same call
+        a = {**args, **{k: v for k, v in change.items() if k not in ("bi", "training")}}
+        flags = (change.get("bi", D == 2), change.get("training", True))
+        try:
+            general = _args.forward_args(*(np.asarray(v) for v in a.values()), *flags)
+        except (TypeError, ValueError):
+            continue
+        assert general.dims == (a["x"].shape + (H, D)), what
 
     saved = GruSaved(args["x"], args["w_ih"], args["w_hh"], None, None, False)
     dy, dh_n = gpu(T, B, D * H), gpu(D, B, H)
@@ -904,71 +915,110 @@ def test_the_plain_gpu_call_s_short_checks_take_only_what_the_general_ones_pass(
 
 
 @pytest.mark.parametrize("H,itemsize", [(8, 4), (10, 4), (13, 4), (6, 8), (7, 8)])
-@pytest.mark.parametrize("lead", [0, 1, 3])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3])
 def test_grid_scope_staging_writes_each_vector_element_once(H, itemsize, lead):
-    """gru_tile_stage (grid scope), transcribed: where H is a multiple of the pack, its
-    16-byte copies write each element of the MR rows of `segs` segments of HS once; else
-    (the group's rows one span from src, `lead` elements into a 16-byte pack) its pack
-    loads, four per thread at a time (two in double), read nothing outside the span and store each of its
-    elements once, into a vector gru_tile_zero zeroed. Either way: the group's rows of the
+    """gru_tile_stage (grid scope), transcribed, for a group of 2 rows and then, in the same
+    vector, a group of 1: where H is a multiple of the pack its 16-byte copies write each
+    element of the MR rows of `segs` segments of HS once; else (the group's rows one span
+    from src, `lead` elements into a 16-byte pack) its pack loads, four per thread at a time
+    (two in double), read nothing outside the span and store each of its elements once, into
+    the vector gru_tile_zero zeroed at the group's start. Either way: the group's rows of the
     source below H, zeros past H and past the group's rows."""
-    V, MR, NT, rows = 16 // itemsize, 3, 32, 2
-    if H % V == 0 and lead:
-        pytest.skip("(rows on 16-byte boundaries start at a pack)")
+    V, MR, NT = 16 // itemsize, 3, 2      # (few threads: each takes several rounds of packs)
+    if lead >= V or (H % V == 0 and lead):
+        pytest.skip("(a row starts within a pack; on 16-byte boundaries, at one)")
     HS = -(-H // (2 * V)) * 2 * V            # (KS*Q*V >= H)
     for segs, ld in ((1, H), (3, 3 * H)):
-        n = rows * segs * H
-        memory = np.arange(1.0, lead + n + 2 * V + 1)     # src = memory[lead:]
         vec = np.full(MR * segs * HS, np.nan)
-        writes = np.zeros(vec.size, int)
-        read = set()
+        for rows, first in ((2, 1.0), (1, 1000.0)):      # two groups in turn
+            n = rows * segs * H
+            memory = np.arange(first, first + lead + n + 2 * V)     # src = memory[lead:]
+            writes = np.zeros(vec.size, int)
+            read = set()
 
-        def load(at):
-            assert lead <= at < lead + n      # (only the span: no byte past the arrays)
-            read.add(at)
-            return memory[at]
+            def load(at):
+                assert lead <= at < lead + n      # (only the span: no byte past the arrays)
+                read.add(at)
+                return memory[at]
 
-        def put(at, value):
-            vec[at] = value
-            writes[at] += 1
-        if H % V == 0:
-            nr = HS // V
-            for tid in range(NT):
-                for idx in range(tid, MR * segs * nr, NT):
-                    rg, k = idx // nr, idx % nr * V
-                    i, g = rg // segs, rg % segs
-                    on = i < rows and k < H
-                    for e in range(V):
-                        put(rg * HS + k + e, load(i * ld + g * H + k + e) if on else 0.0)
-        else:
-            vec[:] = 0.0                       # gru_tile_zero
-            np_, L = -(-(lead + n) // V), 4 if V == 4 else 2     # (packs in flight)
-            for tid in range(NT):
-                for p0 in range(tid, np_, L * NT):
-                    for u in range(L):
-                        p = p0 + u * NT
-                        f0 = p * V - lead
-                        if p < np_ and f0 >= 0 and f0 + V <= n:     # a whole pack
-                            v = [load(p * V + e) for e in range(V)]
-                        else:
-                            v = [load(lead + f0 + e) if p < np_ and 0 <= f0 + e < n else 0.0
-                                 for e in range(V)]
-                        rg = f0 // H if f0 > 0 else 0     # (one division a pack)
-                        col = f0 - rg * H
+            def put(at, value):
+                vec[at] = value
+                writes[at] += 1
+            if H % V == 0:
+                nr = HS // V
+                for tid in range(NT):
+                    for idx in range(tid, MR * segs * nr, NT):
+                        rg, k = idx // nr, idx % nr * V
+                        i, g = rg // segs, rg % segs
+                        on = i < rows and k < H
                         for e in range(V):
-                            if 0 <= f0 + e < n:
-                                put(rg * HS + col, v[e])
-                            col += 1
-                            if col == H:
-                                col, rg = 0, rg + 1
-            assert read == set(range(lead, lead + n))
-        want = np.zeros((MR, segs, HS))
-        for i in range(rows):
-            for g in range(segs):
-                at = lead + i * ld + g * H
-                want[i, g, :H] = memory[at:at + H]
-        np.testing.assert_array_equal(vec, want.reshape(-1))
-        if H % V == 0:
-            assert (writes == 1).all()
-        else:
-            assert (writes == want.reshape(-1).astype(bool)).all()
+                            put(rg * HS + k + e,
+                                load(lead + i * ld + g * H + k + e) if on else 0.0)
+            else:
+                vec[:] = 0.0                       # gru_tile_zero
+                np_, L = -(-(lead + n) // V), 4 if V == 4 else 2     # (packs in flight)
+                for tid in range(NT):
+                    for p0 in range(tid, np_, L * NT):
+                        for u in range(L):
+                            p = p0 + u * NT
+                            f0 = p * V - lead
+                            if p < np_ and f0 >= 0 and f0 + V <= n:     # a whole pack
+                                v = [load(p * V + e) for e in range(V)]
+                            else:
+                                v = [load(lead + f0 + e) if p < np_ and 0 <= f0 + e < n
+                                     else 0.0 for e in range(V)]
+                            rg = f0 // H if f0 > 0 else 0     # (one division a pack)
+                            col = f0 - rg * H
+                            for e in range(V):
+                                if 0 <= f0 + e < n:
+                                    put(rg * HS + col, v[e])
+                                col += 1
+                                if col == H:
+                                    col, rg = 0, rg + 1
+                assert read == set(range(lead, lead + n))
+            want = np.zeros((MR, segs, HS))
+            for i in range(rows):
+                for g in range(segs):
+                    at = lead + i * ld + g * H
+                    want[i, g, :H] = memory[at:at + H]
+            np.testing.assert_array_equal(vec, want.reshape(-1))
+            assert (writes == (1 if H % V == 0 else want.reshape(-1).astype(bool))).all()
+
+
+@pytest.mark.parametrize("training", [True, False, None], ids=["train", "infer", "backward"])
+def test_the_small_path_passes_each_value_as_the_parameter_of_its_name(monkeypatch, training):
+    """SmallPlan's positional launches: every pointer argument is the pass's array of the
+    parameter's name (each a distinct marker here), the shape values are T, B, I, H, D (and
+    the forward kernel's lanes) in the declared order, and the quantization values follow
+    QUANT_PARAMS; the order is the CUDA declaration's."""
+    from cugru import _plan
+    from cugru.quant import QUANT_PARAMS
+    T, B, I, H, D = 3, 2, 5, 7, 2       # (all different: a swap shows)
+    got = {}
+
+    class Loop:
+        def launch_args(self, kern, grid, block, values, *, shared_mem=0):
+            got.update(zip(kern, values))
+
+    monkeypatch.setattr(_plan.dev, "kernel", lambda family, name, params: params)
+    names = _plan.SMALL_FORWARD_PARAMS if training is not None else _plan.SMALL_BACKWARD_PARAMS
+    quant = dict(zip(QUANT_PARAMS, (0.5, 2.0, -3.0, 4.0, 3)))
+    p = types.SimpleNamespace(T=T, B=B, I=I, H=H, D=D, ctype="double", training=training,
+                              qat=True, qargs=quant, dtype=np.dtype(np.float64))
+    pointers = [n for n in names if n not in ("steps", "B", "I", "H", "D", "L")
+                and n not in QUANT_PARAMS]
+    for n in pointers:
+        setattr(p, n, f"array {n}")
+    if training is None:
+        p.dw = tuple(f"array {n}" for n in ("dw_ih", "dw_hh", "db_ih", "db_hh"))
+        _plan.SMALL.backward(Loop(), p)
+    else:
+        _plan.SMALL.forward(Loop(), p)
+    assert list(got) == list(names)
+    kernel = "gru_small_backward" if training is None else "gru_small_forward"
+    assert list(names) == [n for n, _ in runtime.signatures("gru_small.cu")[kernel]]
+    assert all(got[n] == f"array {n}" for n in pointers)
+    assert [got[n] for n in ("steps", "B", "I", "H", "D")] == [T, B, I, H, D]
+    assert [got[n] for n in QUANT_PARAMS] == [quant[n] for n in QUANT_PARAMS]
+    if training is not None:
+        assert got["L"] == _plan.small_lanes(I, H, D * B * H)

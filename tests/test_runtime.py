@@ -176,3 +176,20 @@ def test_an_array_maker_serves_its_thread_until_undone():
     assert runtime.empty(4, np.int32).dtype == np.int32 and made == [2, 1]
     undo_outer()
     assert getattr(runtime._MAKER, "make", None) is None
+
+
+def test_positional_launch_orders_are_the_declarations():
+    """Every parameter order a positional launch passes values in is its kernels' declared
+    order (runtime.kernel checks it on the GPU at the first launch; here without one)."""
+    from cugru import _plan
+    from cukernels import _launch, multi
+    opt = runtime.signatures("optim.cu")
+    names = lambda sig, k: [n for n, _ in sig[k]]  # noqa: E731
+    rules = [k for k in opt if k.endswith("_update")]
+    assert rules and all(names(opt, k) == list(_launch.UPDATE_PARAMS) for k in rules)
+    assert all(names(opt, k + "_multi") == list(multi.MULTI_PARAMS) for k in rules)
+    act = runtime.signatures("activations.cu")
+    assert all(names(act, k) == list(_launch.EW_PARAMS) for k in act)
+    small = runtime.signatures("gru_small.cu")
+    assert names(small, "gru_small_forward") == list(_plan.SMALL_FORWARD_PARAMS)
+    assert names(small, "gru_small_backward") == list(_plan.SMALL_BACKWARD_PARAMS)

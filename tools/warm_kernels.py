@@ -8,6 +8,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,19 +42,24 @@ def main(argv=None) -> int:
     while todo or running:
         while todo and len(running) < max(1, args.jobs):
             src, name = todo.pop(0)
-            running.append((src, name, subprocess.Popen(
-                [sys.executable, "-c", _ONE, src, name], cwd=ROOT, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True)))
+            # (output into a file, not a pipe: a compile's warnings may fill a pipe's buffer
+            # while nothing reads it)
+            log = tempfile.TemporaryFile("w+")
+            running.append((src, name, log, subprocess.Popen(
+                [sys.executable, "-c", _ONE, src, name], cwd=ROOT, stdout=log,
+                stderr=subprocess.STDOUT, text=True)))
         time.sleep(0.2)
-        for item in [r for r in running if r[2].poll() is not None]:
+        for item in [r for r in running if r[3].poll() is not None]:
             running.remove(item)
-            src, name, p = item
-            out, err = p.communicate()
+            src, name, log, p = item
+            log.seek(0)
+            out = log.read()
+            log.close()
             if p.returncode:
                 failed += 1
-                print(f"{src} {name}: FAILED\n{err[-2000:]}")
+                print(f"{src} {name}: FAILED\n{out[-2000:]}")
             else:
-                print(f"{src} {name}: {out.strip()} s")
+                print(f"{src} {name}: {out.strip().splitlines()[-1]} s")
     print(f"all modules in {time.time() - t0:.0f} s, {failed} failed")
     return 1 if failed else 0
 

@@ -6,7 +6,9 @@
 // group per cluster, and groups need not be resident at once. At grid scope gridDim.x =
 // slots * G: the G blocks of a slot take groups g = slot, slot + slots, ... one after the
 // other, and the host launches cooperatively (every block resident). Block c of a group
-// owns units [j0, j0 + J), j0 = c*J. A step has two phases.
+// owns units [j0, min(j0 + J, H)), j0 = c*J (none where j0 >= H: a cluster's last blocks,
+// where 16-byte packs of units leave them none, take part in the exchange only). A step
+// has two phases.
 // 1. The product. Thread tid = n*KS + ks (lane ks), n*U < J, holds for its U units
 //    u = n*U + v (v < U) the weights of the Q 16-byte packs p = ks + q*KS (q < Q) of each
 //    gate, in registers, zero past H (unit j = j0 + u):
