@@ -656,7 +656,8 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
             if fast is None and path == "fast":
                 raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "
-                                 "(docs/api.md lists its limits); use path='auto' or 'steps'")
+                                 "(docs/gru-design.md lists its limits); use path='auto' or "
+                                 "'steps'")
             if path == "fast" or auto_takes(fast, B, H):
                 plan = fast
         _CHOSEN[key] = plan
