@@ -246,13 +246,12 @@ def backward_args(dy, dh_n, saved):
     nd = checks.gpu_flat_type()
     if nd is not None and type(dy) is nd and type(saved) is GruSaved and type(saved.x) is nd:
         # (the common GPU call, with the least host work; any other goes on to the checks)
-        T, B, I = saved.x.shape
-        D, G, H = saved.w_hh.shape
+        T, B, I, H, D = dims = saved.dims
         dt = saved.x.dtype
         if dy.dtype is dt and dy.shape == (T, B, D * H) and dy._c_contiguous and (
                 dh_n is None or (type(dh_n) is nd and dh_n.dtype is dt
                                  and dh_n.shape == (D, B, H) and dh_n._c_contiguous)):
-            return runtime.cupy_module(), (T, B, I, H, D)
+            return runtime.cupy_module(), dims
     if not isinstance(saved, GruSaved):
         raise TypeError("saved must be the third result of gru_forward(..., training=True), got "
                         + ("None (was the forward pass run with training=False?)" if saved is None

@@ -170,7 +170,8 @@ class SmallPlan:
 
     def forward(self, loop, p):
         """Fills p.y and p.h_n, and with training p.hs and p.gates (from p.x and p.h0)."""
-        name, dims, smem = _small_fixed(p.ctype, p.training, p.qat, p.T, p.B, p.I, p.H, p.D)
+        name, dims, smem = _small_fixed(p.ctype, p.dtype.itemsize, p.training, p.qat, p.T, p.B,
+                                        p.I, p.H, p.D)
         loop.launch_args(dev.kernel("gru_small.cu", name, SMALL_FORWARD_PARAMS), (1,),
                          (cat.SMALL_THREADS,),
                          (p.x, p.h0, p.w_ih, p.w_hh, p.b_ih, p.b_hh, p.hs, p.y, p.gates,
@@ -179,7 +180,8 @@ class SmallPlan:
 
     def backward(self, loop, p):
         """Fills p.dgi, p.dgh, p.dh0, p.dx and the gradients p.dw."""
-        name, dims, smem = _small_fixed(p.ctype, None, p.qat, p.T, p.B, p.I, p.H, p.D)
+        name, dims, smem = _small_fixed(p.ctype, p.dtype.itemsize, None, p.qat, p.T, p.B, p.I,
+                                        p.H, p.D)
         loop.launch_args(dev.kernel("gru_small.cu", name, SMALL_BACKWARD_PARAMS), (1,),
                          (cat.SMALL_THREADS,),
                          (p.dy, p.dh_n, p.x, p.w_ih, p.w_hh, p.gates, p.hs, p.dgi, p.dgh,
@@ -205,11 +207,10 @@ def _quant_values(qargs):
 
 
 @functools.lru_cache(maxsize=1024)
-def _small_fixed(ctype, training, qat, T, B, I, H, D):
+def _small_fixed(ctype, itemsize, training, qat, T, B, I, H, D):
     """(kernel name, the shape's values, dynamic shared memory) of a small launch: the
     forward kernel's (training True or False) or the backward's (training None)."""
     units = D * B * H
-    itemsize = 4 if ctype == "float" else 8
     if training is None:
         return cat.small_backward(ctype, qat), (T, B, I, H, D), 4 * units * itemsize
     return (cat.small_forward(ctype, training, qat),

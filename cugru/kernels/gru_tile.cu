@@ -373,8 +373,8 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
 // - else: the group's rows of a step are one span of rows*segs*H elements from src (ld is
 //   segs*H), which starts anywhere in a 16-byte pack. Its packs are loaded (the first and
 //   last element by element, where they reach past the span), 64 bytes in flight per
-//   thread (32 in double), and each element is stored at its row and column. The vector stays zero elsewhere from
-//   gru_tile_zero at the start of the group.
+//   thread (32 in double), and each element is stored at its row and column. The vector
+//   stays zero elsewhere from gru_tile_zero at the start of the group.
 template <typename T, int MR, int NT>
 __device__ __forceinline__ void gru_tile_stage(T* vec, int HS, int segs, const T* src,
                                                int ld, int H, int rows) {
