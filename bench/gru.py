@@ -44,12 +44,15 @@ def plain_launch():
         _device.PLAIN_LAUNCH = old
 
 
-def ours_calls(p, xp, path="auto"):
-    """(train step, inference) of problem `p` through the public functions."""
+def ours_calls(p, xp, path="auto", math=None):
+    """(train step, inference) of problem `p` through the public functions (`math`: the
+    calls' math=, where given)."""
     import cugru
     a = {k: xp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
     w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
     kw = {} if xp is np else {"path": path}
+    if math is not None:
+        kw["math"] = math
 
     def train():
         y, hn, saved = cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=p["bi"], **kw)
@@ -154,12 +157,13 @@ def barrier_us(plan, D, repeat, n=2000):
 
 def torch_gru_calls(torch, p, device, tf32, dtype=None):
     """(train step, inference) of torch.nn.GRU with the problem's weights (float32, or
-    `dtype`, a torch dtype)."""
+    `dtype`, a torch dtype; the problem's values are converted to it)."""
     T, B, I, H, D = dims(p)
-    gru = torch.nn.GRU(I, H, bidirectional=p["bi"]).to(device=device,
-                                                       dtype=dtype or torch.float32)
+    dtype = dtype or torch.float32
+    gru = torch.nn.GRU(I, H, bidirectional=p["bi"]).to(device=device, dtype=dtype)
     sfx = ["", "_reverse"][:D]
-    t = lambda a: torch.tensor(a, device=device)  # noqa: E731
+    # (through float64: exact for every dtype of ours, and numpy's bfloat16 is not torch's)
+    t = lambda a: torch.tensor(np.asarray(a, np.float64), device=device).to(dtype)  # noqa: E731
     with torch.no_grad():
         for name, key in (("weight_ih_l0", "w_ih"), ("weight_hh_l0", "w_hh"),
                           ("bias_ih_l0", "b_ih"), ("bias_hh_l0", "b_hh")):

@@ -32,8 +32,9 @@ def _half_dtypes():
     return tuple(out)
 
 
-#: the half-precision data dtypes: numpy arrays only (the oracle, which computes in
-#: float32); the GPU kernels take float32 and float64
+#: the half-precision data dtypes: on numpy the oracle computes them in float32, on the GPU
+#: the float32 kernels do (cugru/_half.py), by one rule: the float32 pass on the given
+#: values, each result rounded once
 HALF_DTYPES = _half_dtypes()
 #: every dtype the numpy path takes
 NUMPY_DTYPES = checks.FLOAT_DTYPES + HALF_DTYPES
@@ -46,12 +47,8 @@ def compute_dtype(dtype):
 
 
 def _data_dtype(x, xp, quant):
-    """x's dtype, checked: float32 or float64 on both backends, float16 or bfloat16 on
-    numpy (not with quant)."""
-    if xp is not np and x.dtype in HALF_DTYPES:
-        raise TypeError(f"x is {x.dtype}: on the GPU cugru takes float32 and float64 so far; "
-                        f"{' and '.join(d.name for d in HALF_DTYPES)} data runs on numpy arrays "
-                        "(the numpy oracle, computing in float32)")
+    """x's dtype, checked: float32, float64, float16 or bfloat16 (the last two not with
+    quant)."""
     dtype = checks.check_array("x", x, ndim=(3,), floats=NUMPY_DTYPES)
     if quant is not None and dtype in HALF_DTYPES:
         raise TypeError(f"quant= takes float32 or float64 data, x is {dtype}")
@@ -82,6 +79,25 @@ def check_path(path):
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     return path
+
+
+#: math= of gru_forward and gru_backward: "strict" (every product in the data's precision,
+#: float32 for half-precision data) or "tf32" (float32 data only: cuBLAS' products may
+#: round their inputs to TF32, 10 bits of significand, and sum in float32)
+MATHS = ("strict", "tf32")
+_F32_DTYPE = np.dtype(np.float32)
+
+
+def check_math(math, dtype):
+    """`math` checked for data of `dtype` (the error names math=)."""
+    if math == "strict":
+        return math
+    if math not in MATHS:
+        raise ValueError(f"math must be one of {MATHS}, got {math!r}")
+    if dtype != _F32_DTYPE:
+        raise TypeError(f"math='tf32' takes float32 data, x is {np.dtype(dtype).name} "
+                        "(float64 and half-precision data compute with math='strict')")
+    return math
 
 
 def _weight(name, a, D, rows, cols, cols_of):

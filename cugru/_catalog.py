@@ -8,6 +8,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_tail.cu     the backward tail's chunk sums               (every backward pass)
     gru_quant.cu    the fake quantizers of weights, x and h0     (quantization-aware calls)
     gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
+    gru_cast.cu     float16 and bfloat16 data to float32 and back (cugru/_half.py)
     gru_probes.cu   barriers alone, for the benchmark
 
 Each family compiles as one module per element type, the first time one of its kernels
@@ -84,6 +85,7 @@ DEFINES = {
     "gru_tail.cu": (),
     "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
+    "gru_cast.cu": (),
     "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
 }
 
@@ -180,6 +182,22 @@ def quant_masks(ctype):
     return f"gru_quant_masks<{ctype}>"
 
 
+#: the half-precision formats of gru_cast.cu (its template argument FMT)
+HALF_FORMATS = ("float16", "bfloat16")
+
+
+@functools.lru_cache(maxsize=None)
+def widen(fmt):
+    """The kernel that widens data of format `fmt` (a HALF_FORMATS name) to float32."""
+    return f"gru_widen<{HALF_FORMATS.index(fmt)}>"
+
+
+@functools.lru_cache(maxsize=None)
+def narrow(fmt):
+    """The kernel that rounds float32 to format `fmt` (a HALF_FORMATS name)."""
+    return f"gru_narrow<{HALF_FORMATS.index(fmt)}>"
+
+
 def cluster_barrier_probe(cluster):
     return f"gru_cluster_barrier_probe<{cluster}>"
 
@@ -240,6 +258,8 @@ INSTANCES = {
     "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),
+    "gru_cast.cu": lambda: {"cast": tuple(n for f in HALF_FORMATS
+                                          for n in (widen(f), narrow(f)))},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)
                               + (COUNTER_BARRIER_PROBE,)},
 }

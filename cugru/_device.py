@@ -210,6 +210,10 @@ class _Cublas:
         self.get_mode.argtypes = [ptr, ctypes.POINTER(i32)]
         self.set_mode = lib.cublasSetPointerMode_v2
         self.set_mode.argtypes = [ptr, i32]
+        self.get_math = lib.cublasGetMathMode
+        self.get_math.argtypes = [ptr, ctypes.POINTER(i32)]
+        self.set_math = lib.cublasSetMathMode
+        self.set_math.argtypes = [ptr, i32]
         gemm_args = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, i64, ptr, i32, i64, ptr, ptr,
                      i32, i64, i32]
         self.gemm = {}
@@ -219,7 +223,7 @@ class _Cublas:
             fn.argtypes = gemm_args
             fn.restype = ctypes.c_int
             self.gemm[itemsize] = fn
-        for fn in (self.set_stream, self.get_mode, self.set_mode):
+        for fn in (self.set_stream, self.get_mode, self.set_mode, self.get_math, self.set_math):
             fn.restype = ctypes.c_int
 
     @staticmethod
@@ -272,11 +276,30 @@ def _cublas_lib(handle):
     return _CUBLAS["lib"]
 
 
+#: the maths a pass's cuBLAS products may use (Loop's `math`): "strict" float32 (or
+#: float64) products, or "tf32": float32 products on tensor cores from inputs rounded to
+#: TF32 (10 bits of significand), summed in float32
+MATHS = ("strict", "tf32")
+#: cuBLAS' math modes (cublasMath_t): the low bits name the mode, higher bits are flags
+_MATH_DEFAULT, _MATH_TF32, _MATH_MODE_BITS = 0, 3, 0xF
+
+
+def math_mode(current: int, math: str) -> int:
+    """The cuBLAS math mode for `math` ("strict" or "tf32"), from the handle's `current`
+    one: its flags kept; "tf32" sets the TF32 mode, "strict" turns TF32 off and keeps any
+    other mode (the default and pedantic modes compute float32 products in float32)."""
+    flags, mode = current & ~_MATH_MODE_BITS, current & _MATH_MODE_BITS
+    if math == "tf32":
+        return flags | _MATH_TF32
+    return flags | (_MATH_DEFAULT if mode == _MATH_TF32 else mode)
+
+
 class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
     Use as a context manager around the pass: at the first product it binds cuBLAS' handle
-    to the pass's stream and sets its pointer mode to host (and restores the mode after),
+    to the pass's stream, sets its pointer mode to host and its math mode to the pass's
+    `math` (math_mode) (and restores both after),
     keeps alpha and beta in host arrays, and packs a per-step kernel's arguments once
     (``kernel``), so a step costs one cuLaunchKernel and one cuBLAS call. GEMM operands are
     raw addresses (ints); the caller keeps the arrays alive. The GEMMs go straight to the
@@ -285,13 +308,15 @@ class Loop:
 
     _cublas = None
 
-    def __init__(self, dtype, *, plain=None):
+    def __init__(self, dtype, *, plain=None, math="strict"):
         if Loop._cublas is None:
             from cupy_backends.cuda.libs import cublas
             Loop._cublas = cublas
         self.dtype = np.dtype(dtype)
         self.plain = PLAIN_LAUNCH if plain is None else plain
+        self.math = math
         self._gemm = self._scalars = self.handle = self._mode = None   # (set by the first gemm)
+        self._math_was = None     # (the handle's math mode before, where the pass changed it)
         self._direct = None
         self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
 
@@ -301,13 +326,18 @@ class Loop:
     def __exit__(self, *exc):
         if self._mode is not None:
             mode, self._mode = self._mode, None
+            was, self._math_was = self._math_was, None
             if self._direct is not None:
                 # (CuPy's wrappers bind their stream again before each call of theirs)
                 status = self._direct.set_mode(self.handle, mode)
+                if was is not None and status == 0:
+                    status = self._direct.set_math(self.handle, was)
                 if exc[0] is None:      # (an error in the pass goes first)
-                    self._direct.check(status, "setPointerMode")
+                    self._direct.check(status, "setPointerMode or setMathMode")
             else:
                 self._cublas.setPointerMode(self.handle, mode)
+                if was is not None:
+                    self._cublas.setMathMode(self.handle, was)
         return False
 
     def _bind(self):
@@ -320,6 +350,11 @@ class Loop:
                           else cb.dgemmStridedBatched)
             self._mode = cb.getPointerMode(self.handle)
             cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
+            was = cb.getMathMode(self.handle)
+            want = math_mode(was, self.math)
+            if want != was:
+                cb.setMathMode(self.handle, want)
+                self._math_was = was
             return
         self._gemm = direct.gemm[self.dtype.itemsize]
         mode = ctypes.c_int(0)
@@ -327,6 +362,11 @@ class Loop:
         self._mode = mode.value
         direct.check(direct.set_mode(self.handle, cb.CUBLAS_POINTER_MODE_HOST),
                      "setPointerMode")
+        direct.check(direct.get_math(self.handle, ctypes.byref(mode)), "getMathMode")
+        want = math_mode(mode.value, self.math)
+        if want != mode.value:
+            direct.check(direct.set_math(self.handle, want), "setMathMode")
+            self._math_was = mode.value
         direct.check(direct.set_stream(self.handle, self.stream), "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):

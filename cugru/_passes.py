@@ -42,9 +42,9 @@ class ForwardPass:
     hs without training (the plan keeps the states itself)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
-                 "lengths")
+                 "lengths", "math")
 
-    def __init__(self, a, whole=False):
+    def __init__(self, a, whole=False, math="strict"):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -55,6 +55,7 @@ class ForwardPass:
         self.x, self.h0, self.w_ih, self.w_hh = a.x, a.h0, a.w_ih, a.w_hh
         self.b_ih, self.b_hh = a.b_ih, a.b_hh
         self.lengths = a.lengths
+        self.math = math
         self.S = S = T + 1 if a.training else 2
         self.gi = self.hs = self.gates = None
         # (training: hs and gates are the saved history; else hs is a temporary)
@@ -76,9 +77,9 @@ class BackwardPass:
     shapes as given (dw: dw_ih, dw_hh, db_ih, db_hh; no views to make)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
                  "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw", "qat", "qargs",
-                 "lengths")
+                 "lengths", "math")
 
-    def __init__(self, dy, dh_n, saved, whole=False):
+    def __init__(self, dy, dh_n, saved, whole=False, math="strict"):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
         self.dtype = dt = dy.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -88,6 +89,7 @@ class BackwardPass:
         self.x, self.w_ih, self.w_hh = saved.x, saved.w_ih, saved.w_hh
         self.hs, self.gates = saved.hs, saved.gates
         self.lengths = saved.lengths
+        self.math = math
         G = 3 * H
         self.dgi, self.dgh = dev.scratch("backward", dt, (T, B, D, G), (D, T, B, G))
         if whole:
@@ -101,29 +103,30 @@ class BackwardPass:
             self.dw = None
 
 
-def forward(a, plan):
+def forward(a, plan, math="strict"):
     """The forward pass of checked arguments `a` (cugru._args.ForwardArgs) on `plan`:
     (y, h_n, GruSaved or None). With a.quant, the quantized operands first (a
-    quantization-aware pass: cugru/_quantize.py)."""
+    quantization-aware pass: cugru/_quantize.py). `math`: "strict", or "tf32" (cuBLAS'
+    products with TF32 inputs, the plan's own recurrence as it is)."""
     given = a
     if a.quant is not None:
         a = _quantize.operands(a)
-    p = ForwardPass(a, plan.whole_pass)
+    p = ForwardPass(a, plan.whole_pass, math)
     run_forward(p, a.h0, plan)
     if not a.training:
         return p.y, p.h_n, None
     if a.quant is None:
         return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze,
-                                    lengths=a.lengths)
+                                    lengths=a.lengths, math=math)
     return p.y, p.h_n, GruSaved(a.x, a.w_ih, a.w_hh, p.hs, p.gates, a.squeeze, a.quant,
-                                given.x, given.h0, a.lengths)
+                                given.x, given.h0, a.lengths, math)
 
 
 def run_forward(p, h0, plan):
     """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n
     (or all of it in the plan, for a plan that runs the whole pass)."""
     if plan.whole_pass:
-        with dev.Loop(p.dtype) as loop:
+        with dev.Loop(p.dtype, math=p.math) as loop:
             plan.forward(loop, p)
         return
     T, B, I, D, S = p.T, p.B, p.I, p.D, p.S
@@ -134,7 +137,7 @@ def run_forward(p, h0, plan):
             dev.zero_bytes(hs + d * S * BH * it, BH * it)
         else:
             dev.copy_bytes(hs + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
-    with dev.Loop(p.dtype) as loop:
+    with dev.Loop(p.dtype, math=p.math) as loop:
         # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
         loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
                   0.0, p.gi.data.ptr, D * G, 0)
@@ -145,10 +148,11 @@ def run_forward(p, h0, plan):
                            BH * it)
 
 
-def backward(dy, dh_n, saved, plan):
-    """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh."""
-    p = BackwardPass(dy, dh_n, saved, plan.whole_pass)
-    with dev.Loop(p.dtype) as loop:
+def backward(dy, dh_n, saved, plan, math="strict"):
+    """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh
+    (`math` as for forward)."""
+    p = BackwardPass(dy, dh_n, saved, plan.whole_pass, math)
+    with dev.Loop(p.dtype, math=p.math) as loop:
         plan.backward(loop, p)
         if plan.whole_pass:
             dx, grads = p.dx, p.dw
@@ -162,7 +166,7 @@ def backward(dy, dh_n, saved, plan):
 
 def run_recurrence(p, plan):
     """The plan's reverse recurrence: fills p.dgi, p.dgh and p.dh0; returns dh0."""
-    with dev.Loop(p.dtype) as loop:
+    with dev.Loop(p.dtype, math=p.math) as loop:
         plan.backward(loop, p)
     return p.dh0
 
@@ -171,7 +175,7 @@ def tail(p, loop=None):
     """dx and the weight and bias gradients, from the gate gradients (in `loop`, or a Loop
     of its own)."""
     if loop is None:
-        with dev.Loop(p.dtype) as loop:
+        with dev.Loop(p.dtype, math=p.math) as loop:
             return tail(p, loop)
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB = 3 * H, T * B

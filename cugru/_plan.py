@@ -42,7 +42,7 @@ from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 PERSIST_AUTO_MAX_WORK = 1 << 24
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
 #: the whole recurrence), the per-step path beyond (see docs/performance.md)
-GRID_AUTO_MAX_WAVES = 2
+GRID_AUTO_MAX_WAVES = 3
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024

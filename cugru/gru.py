@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _passes, _plan, oracle
-from ._args import backward_args, check_path, forward_args
+from . import _half, _passes, _plan, oracle
+from ._args import HALF_DTYPES, backward_args, check_math, check_path, compute_dtype, forward_args
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None, lengths=None):
+                path="auto", quant=None, lengths=None, math="strict"):
     """Run a GRU layer over a sequence; torch.nn.GRU's maths and weight layout.
 
     x (T, B, I); h0 (D, B, H) or None (zeros); w_ih (D, 3H, I); w_hh (D, 3H, H);
@@ -35,28 +35,48 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     each row's state after its last step, and gru_backward gives zero gradients there. The
     padding must be finite (its gradients are zeros multiplied into it). None: every
     sequence has T steps.
+    dtypes: float32, float64, float16 or bfloat16 (x, h0 and the weights alike). float16
+    and bfloat16 compute in float32 from the given values, keep the history in float32 and
+    round each result once (the float32 call's results, rounded).
+    math: "strict" (every product in the data's precision), or "tf32" (float32 data only:
+    cuBLAS' products, the input projection, the per-step path's recurrent products and the
+    backward pass's dx and weight gradients, may round their inputs to TF32 on tensor cores,
+    as torch.nn.GRU does on cuDNN with TF32 allowed; the persistent kernels' recurrence stays
+    in float32). numpy arrays compute strict float32 whatever math says.
     """
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
     check_path(path)
+    math = check_math(math, a.x.dtype)
     if a.xp is np:
-        return oracle.forward(a)
+        return oracle.forward(a, math)
     T, B, I, H, D = a.dims
-    return _passes.forward(a, _plan.choose(path, B, H, D, a.x.dtype, False, T, I,
-                                           a.quant is not None, a.lengths is not None))
+    dt = a.x.dtype
+    half = dt in HALF_DTYPES
+    plan = _plan.choose(path, B, H, D, compute_dtype(dt) if half else dt, False, T, I,
+                        a.quant is not None, a.lengths is not None)
+    if half:
+        return _half.forward(a, plan, math)
+    return _passes.forward(a, plan, math)
 
 
-def gru_backward(dy, dh_n, saved, *, path="auto"):
+def gru_backward(dy, dh_n, saved, *, path="auto", math=None):
     """Gradients of a GRU layer from the history its forward pass saved.
 
     dy (T, B, D*H): gradient of y; dh_n (D, B, H) or None: gradient of h_n.
     Returns dx (T, B, I), dh0 (D, B, H), dw_ih, dw_hh, db_ih, db_hh (the weights' shapes).
     Nothing of the forward pass is recomputed. path: as for gru_forward; the backward pass
     may run another plan than its forward pass did (they share every buffer's layout).
+    math: as for gru_forward; None (the default) takes the forward pass's.
     """
     check_path(path)
     xp, (T, B, I, H, D) = backward_args(dy, dh_n, saved)
+    math = saved.math if math is None else check_math(math, saved.x.dtype)
     if xp is np:
         return oracle.backward(dy, dh_n, saved)
-    return _passes.backward(dy, dh_n, saved, _plan.choose(path, B, H, D, dy.dtype, True, T, I,
-                                                          saved.quant is not None,
-                                                          saved.lengths is not None))
+    dt = dy.dtype
+    half = dt in HALF_DTYPES
+    plan = _plan.choose(path, B, H, D, compute_dtype(dt) if half else dt, True, T, I,
+                        saved.quant is not None, saved.lengths is not None)
+    if half:
+        return _half.backward(dy, dh_n, saved, plan, math)
+    return _passes.backward(dy, dh_n, saved, plan, math)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._args import backward_args, check_path, compute_dtype, forward_args, shaped_grads
+from ._args import (backward_args, check_math, check_path, compute_dtype, forward_args,
+                    shaped_grads)
 from .quant import GATE_N, GATE_RZ, fake_quant, quant_rows
 from .saved import GruSaved
 
@@ -37,14 +38,15 @@ def _step_order(a, d):
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None, lengths=None):
+                path="auto", quant=None, lengths=None, math="strict"):
     """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
-    path; it is checked and has no effect here)."""
+    path and `math` the GPU's products; both are checked, and here every product is
+    strict)."""
     check_path(path)
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
     if a.xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_forward for cupy")
-    return forward(a)
+    return forward(a, check_math(math, a.x.dtype))
 
 
 def _fq(v, qparams):
@@ -69,8 +71,9 @@ def _gate_grids(quant):
     return (GATE_RZ, GATE_N) if quant.gates else (None, None)
 
 
-def forward(a):
-    """The forward pass on checked arguments (cugru._args.ForwardArgs of numpy arrays)."""
+def forward(a, math="strict"):
+    """The forward pass on checked arguments (cugru._args.ForwardArgs of numpy arrays);
+    `math` is recorded in the history (gru_backward's default) and computes strict."""
     data = a.x.dtype
     dt = compute_dtype(data)     # (float32 for float16 and bfloat16 data: casts are exact)
     x, h0, w_ih, w_hh, b_ih, b_hh = (None if v is None else v.astype(dt, copy=False)
@@ -115,14 +118,18 @@ def forward(a):
     if not a.training:
         return y, h_n, None
     if q is None:                         # (x and the weights as given: views, no copies)
-        return y, h_n, GruSaved(a.x, a.w_ih, a.w_hh, hs, gates, a.squeeze, lengths=a.lengths)
-    return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0, a.lengths)
+        return y, h_n, GruSaved(a.x, a.w_ih, a.w_hh, hs, gates, a.squeeze, lengths=a.lengths,
+                                math=math)
+    return y, h_n, GruSaved(x, w_ih, w_hh, hs, gates, a.squeeze, q, a.x, a.h0, a.lengths, math)
 
 
-def gru_backward(dy, dh_n, saved, *, path="auto"):
-    """(dx, dh0, dw_ih, dw_hh, db_ih, db_hh) on numpy arrays, from gru_forward's `saved`."""
+def gru_backward(dy, dh_n, saved, *, path="auto", math=None):
+    """(dx, dh0, dw_ih, dw_hh, db_ih, db_hh) on numpy arrays, from gru_forward's `saved`
+    (`path` and `math` checked, as gru_forward's)."""
     check_path(path)
     xp, dims = backward_args(dy, dh_n, saved)
+    if math is not None:
+        check_math(math, saved.x.dtype)
     if xp is not np:
         raise TypeError("cugru.oracle runs on numpy arrays; call cugru.gru_backward for cupy")
     return backward(dy, dh_n, saved)

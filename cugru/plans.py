@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _device, _passes
-from ._args import backward_args, forward_args
+from ._args import backward_args, check_math, forward_args
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
                        TILES, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
@@ -37,11 +37,11 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
 
 
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,
-            quant=None, lengths=None):
-    """gru_forward on cupy arrays with the recurrence on `plan`: (y, h_n, saved or None).
-    With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
-    return _passes.forward(forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional,
-                                        training, quant, lengths), plan)
+            quant=None, lengths=None, math="strict"):
+    """gru_forward on cupy arrays (float32 or float64) with the recurrence on `plan`:
+    (y, h_n, saved or None). With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
+    a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
+    return _passes.forward(a, plan, check_math(math, a.x.dtype))
 
 
 def backward_recurrence(dy, dh_n, saved, plan):
@@ -64,10 +64,12 @@ def backward_tail(p):
     return _passes.tail(p)
 
 
-def backward(dy, dh_n, saved, plan):
-    """gru_backward on cupy arrays with the recurrence on `plan`."""
+def backward(dy, dh_n, saved, plan, *, math=None):
+    """gru_backward on cupy arrays (float32 or float64) with the recurrence on `plan`
+    (math=None: the forward pass's)."""
     backward_args(dy, dh_n, saved)
-    return _passes.backward(dy, dh_n, saved, plan)
+    math = saved.math if math is None else check_math(math, saved.x.dtype)
+    return _passes.backward(dy, dh_n, saved, plan, math)
 
 
 def step_pieces(T, B, I, H, D, dtype=np.float32, seed=1):

@@ -37,6 +37,7 @@ class GruSaved:
     x_real: object = None  # x and h0 as given (x and the weights above are quantized):
     h0_real: object = None  # the straight-through estimator's masks come from them
     lengths: object = None  # the sequences' lengths (B,), or None: every step ran
+    math: str = "strict"   # the forward pass's math (gru_backward's default)
 
     @property
     def dims(self):

@@ -99,27 +99,30 @@ def cp():
 @pytest.fixture
 def poison(cp, monkeypatch):
     """cupy.empty / empty_like and cukernels.runtime.empty return NaN-filled arrays, so an
-    unwritten element fails a test; cugru's temporaries are not reused between calls (each starts as NaN)."""
+    unwritten element fails a test; cugru's temporaries are not reused between calls (each starts as NaN).
+    Arrays of 16-bit floats (float16, bfloat16) are filled through their bits: 0x7fff is a
+    NaN in both formats."""
     from cugru import _device
     monkeypatch.setattr(_device, "SCRATCH_BYTES", 0)
     empty, empty_like = cp.empty, cp.empty_like
 
-    def nan_empty(*a, **k):
-        out = empty(*a, **k)
-        out.fill(np.nan)
+    def fill_nan(out):
+        if out.dtype.itemsize == 2 and out.dtype.kind in "fV":
+            out.view(np.uint16).fill(0x7fff)
+        else:
+            out.fill(np.nan)
         return out
 
+    def nan_empty(*a, **k):
+        return fill_nan(empty(*a, **k))
+
     def nan_empty_like(*a, **k):
-        out = empty_like(*a, **k)
-        out.fill(np.nan)
-        return out
+        return fill_nan(empty_like(*a, **k))
 
     runtime_empty = runtime.empty
 
     def nan_runtime_empty(*a, **k):     # (keeps a maker the caller set: runtime.made_by)
-        out = runtime_empty(*a, **k)
-        out.fill(np.nan)
-        return out
+        return fill_nan(runtime_empty(*a, **k))
 
     monkeypatch.setattr(cp, "empty", nan_empty)
     monkeypatch.setattr(cp, "empty_like", nan_empty_like)

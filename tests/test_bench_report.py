@@ -216,3 +216,29 @@ def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():
         == ["- O2 float32 train: auto 1.20x the time of path='steps'",
             "- O2 float32 infer: auto 1.20x the time of path='steps'"]
     assert paths.markdown(rows[:1])[-1] == "- none"
+
+
+def test_the_dtypes_report_shows_every_row_geomeans_per_table_and_each_shape_below_1x():
+    """bench.dtypes: a row per shape and precision; a geomean per precision for S1-S10 and
+    for the off-table shapes apart; every shape and pass below 1x named; the command line
+    refuses an unknown precision."""
+    import pytest
+
+    from bench import dtypes
+
+    def row(sid, prec, ours_train, ours_infer):
+        return {"id": sid, "shape": [1, 2, 3, 4, False], "precision": prec,
+                "ours train ms": ours_train, "cudnn train ms": 1.0,
+                "ours infer ms": ours_infer, "cudnn infer ms": 1.0}
+    rows = [row("S1", "tf32", 0.5, 0.25), row("S9", "tf32", 2.0, 0.5),
+            row("O1", "tf32", 0.5, 0.5), row("S1", "float16", 0.5, 0.5)]
+    lines = dtypes.markdown(rows)
+    assert sum(ln.startswith(("| S", "| O")) for ln in lines) == 4
+    assert "- tf32, S1-S10 (2 shapes): geomean train 1.00x, inference 2.83x (goal 2.0x)" \
+        in lines
+    assert "- tf32, off-table (1 shapes): geomean train 2.00x, inference 2.00x (goal 2.0x)" \
+        in lines
+    assert lines[lines.index("Below 1.0x:") + 1:] == ["- S9 tf32 train: 0.50x"]
+    assert dtypes.markdown([row("S1", "bfloat16", 0.5, 0.5)])[-1] == "- none"
+    with pytest.raises(SystemExit):
+        dtypes.main(["--precisions", "fp8"])

@@ -126,12 +126,3 @@ def test_half_dtype_rules_are_clear_errors(dtype):
         cugru.gru_backward(p["dy"].astype(np.float32), None, saved)
     with pytest.raises(TypeError, match="x must be float32, float64, float16"):
         cugru.gru_forward(x.astype(np.int32), None, w_ih, w_hh, b_ih, b_hh)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", HALVES, ids=IDS)
-def test_half_data_on_the_gpu_is_a_clear_error_for_now(dtype):
-    import cupy as cp
-    p = {n: cp.asarray(a) for n, a in _problem(dtype, bi=False).items()}
-    with pytest.raises(TypeError, match="on the GPU cugru takes float32 and float64 so far"):
-        cugru.gru_forward(p["x"], None, p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])

@@ -43,11 +43,22 @@ def _matrix(address, rows, cols, ld, dtype):
                                            writeable=True)
 
 
-class HostLoop:
-    """_device.Loop's interface, computed with numpy on raw addresses."""
+def tf32(a):
+    """`a` with each value rounded to TF32's 11 significant bits (to nearest, ties to
+    even), as tensor cores read their inputs with math="tf32"."""
+    m, e = np.frexp(a)
+    return np.ldexp(np.round(m * 2.0 ** 11) / 2.0 ** 11, e)
 
-    def __init__(self, dtype, plain=False):
+
+class HostLoop:
+    """_device.Loop's interface, computed with numpy on raw addresses; with math="tf32" its
+    products round their inputs to TF32 first. `made` lists the math of each loop made."""
+    made: list = []
+
+    def __init__(self, dtype, plain=False, math="strict"):
         self.dtype = np.dtype(dtype)
+        self.math = math
+        HostLoop.made.append(math)
 
     def __enter__(self):
         return self
@@ -61,6 +72,8 @@ class HostLoop:
             a = _matrix(A + i * sA * it, *((k, m) if transa else (m, k)), lda, self.dtype)
             b = _matrix(B + i * sB * it, *((n, k) if transb else (k, n)), ldb, self.dtype)
             c = _matrix(C + i * sC * it, m, n, ldc, self.dtype)
+            if self.math == "tf32":
+                a, b = tf32(a), tf32(b)
             product = (a.T if transa else a) @ (b.T if transb else b)
             c[...] = product + beta * c if beta else product
 
@@ -1022,3 +1035,33 @@ def test_the_small_path_passes_each_value_as_the_parameter_of_its_name(monkeypat
     assert [got[n] for n in QUANT_PARAMS] == [quant[n] for n in QUANT_PARAMS]
     if training is not None:
         assert got["L"] == _plan.small_lanes(I, H, D * B * H)
+
+
+@pytest.mark.parametrize("plan", ["steps", "tile"])
+def test_math_reaches_every_product_of_a_pass(host_device, rng, plan):
+    """math="tf32" reaches every cuBLAS product of both passes (the stand-in rounds their
+    inputs to TF32): every loop of the passes gets it, the results move off the strict ones
+    by about TF32's rounding (and stay within it of the oracle), and the backward pass takes
+    the forward pass's math from the history by default."""
+    T, B, I, H = 6, 4, 40, 24
+    p = problem(rng, T, B, I, H, True)
+    plan = plans.STEPS if plan == "steps" else \
+        plans.tile_split(B, H, 2, _catalog.TILES[8][0], 1, 8)
+    assert plan is not None
+    ref_y, _, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    dev = host_device
+    HostLoop.made.clear()
+    y, hn, saved_dev = _passes.forward(plans_args(dev, p), plan, "tf32")
+    assert saved_dev.math == "tf32"
+    got = _passes.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plan, saved_dev.math)
+    assert HostLoop.made and set(HostLoop.made) == {"tf32"}
+    for g, r in zip((y,) + tuple(got), (ref_y,) + tuple(ref)):
+        scale = max(1.0, np.abs(r).max())
+        err = np.abs(np.asarray(g) - r).max()
+        assert 1e-9 * scale < err < 64 * 2.0 ** -11 * scale
+
+
+def plans_args(dev, p):
+    from cugru._args import forward_args
+    return forward_args(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)), True, True)

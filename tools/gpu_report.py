@@ -363,6 +363,11 @@ def main(argv=None) -> int:
         # half-precision accuracy against torch.nn.GRU (cuDNN) in the same dtype
         lines += json_bench(py, out, "precision", "gru-log.txt", 300,
                             "Accuracy in float16 and bfloat16", ("--device", "cuda"))
+        # speed in TF32, float16 and bfloat16 against cuDNN in the same precision
+        lines += json_bench(py, out, "dtypes", "gru-log.txt", 500,
+                            "Speed in TF32, float16 and bfloat16",
+                            ("--shapes", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10,O1,O2,O3,O4,O5,O6,O7,"
+                             "O8,O9,O10,O11,O12,O13,O14,O15,O16"))
         write(out, "gru", lines)
 
     if "main" not in skip:

@@ -1,0 +1,235 @@
+"""The GRU's other precisions on the GPU: float16 and bfloat16 data, and math="tf32".
+
+Chain of trust for half-precision data: (1) the conversions (gru_cast.cu) give numpy's and
+ml_dtypes' bits, on every 16-bit pattern one way and on a sweep of float32 bit patterns,
+ties, overflow and subnormals the other; (2) a half-precision call gives, bit for bit, the
+float32 call on the same values with each result rounded once, on every path; the float32
+call is checked against the oracle by test_gru_gpu.py. So the GPU path keeps the numpy
+path's rule (tests/test_gru_half.py) and the two differ only where their float32 results do.
+
+math="tf32": within a tolerance derived from TF32's unit roundoff (2^-11, against float32's
+2^-24): the float32 oracle's error against the float64 oracle, scaled by the ratio of the
+two, twice, plus a floor of 4 TF32 units of the result's scale; shown to fail on an error
+planted at that size. The call must also differ from math="strict" where cuBLAS' products
+are large (the mode took effect), leave the cuBLAS handle's math mode as it found it, and
+repeat its bits.
+"""
+import numpy as np
+import pytest
+
+import cugru
+from cugru._args import HALF_DTYPES
+from gru_cases import problem, weights
+
+pytestmark = pytest.mark.gpu
+
+OUT_NAMES = ("y", "h_n", "dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
+HALVES = list(HALF_DTYPES)
+HALF_IDS = [d.name for d in HALVES]
+#: (T, B, I, H): small enough for every path, an H off the tiles' packs, a longer sequence
+SHAPES = [(5, 3, 7, 8), (9, 4, 5, 13), (40, 2, 3, 33)]
+TF32_U = 2.0 ** -11
+F32_U = 2.0 ** -24
+
+
+def _half_bits(a):
+    return np.asarray(a).view(np.uint16)
+
+
+def _cast(p, dtype):
+    return {k: v.astype(dtype) if isinstance(v, np.ndarray) and k != "lengths" else v
+            for k, v in p.items()}
+
+
+def _gpu(cp, p):
+    return {k: cp.asarray(v) if isinstance(v, np.ndarray) and k != "lengths" else v
+            for k, v in p.items()}
+
+
+def _call(p, path, math="strict", training=True):
+    kw = {"path": path, "lengths": p.get("lengths")}
+    out = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=p["bidirectional"],
+                            training=training, math=math, **kw)
+    if not training:
+        return out[:2], None
+    y, h_n, saved = out
+    grads = cugru.gru_backward(p["dy"], p["dh_n"], saved, path=path)
+    return (y, h_n) + tuple(grads), saved
+
+
+# ------------------------------------------------------------------------- the conversions
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+def test_widening_every_16_bit_pattern_gives_numpy_s_float32(cp, dtype):
+    from cugru import _half
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    want = bits.view(dtype).astype(np.float32)
+    got = cp.asnumpy(_half.widen(cp.asarray(bits).view(dtype)))
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def _float32_sweep(rng):
+    """float32 values: random bit patterns, each format's ties (half-way between two of its
+    neighbours) and their neighbours, the edges of its range, subnormals, zeros, infinities."""
+    u = [rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)]
+    # bfloat16 ties: the dropped 16 bits exactly 0x8000, on odd and even kept bits
+    kept = rng.integers(0, 1 << 16, 4096, dtype=np.uint64).astype(np.uint32) << 16
+    u += [kept | 0x8000, kept | 0x7fff, kept | 0x8001]
+    f = [np.concatenate(u).view(np.float32)]
+    # float16 ties: the midpoints of neighbouring float16 values, and either side
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    h = h[np.isfinite(h)].astype(np.float64)
+    h.sort()
+    mid = ((h[1:] + h[:-1]) / 2).astype(np.float32)
+    f += [mid, np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf))]
+    edges = [65504, 65519.99, 65520, 65536, 6.1e-5, 5.96e-8, 2.98e-8, 2.99e-8, 1e-45,
+             3.3895314e38, 3.4028235e38, 1.1754944e-38, 0.0, -0.0, np.inf, -np.inf, np.nan]
+    f.append(np.array(edges + [-e for e in edges], np.float32))
+    return np.concatenate(f)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+def test_rounding_float32_gives_numpy_s_bits(cp, rng, dtype):
+    from cugru import _half
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = _float32_sweep(rng)
+        want = values.astype(dtype)
+    got = cp.asnumpy(_half.narrow(cp.asarray(values), dtype))
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    bad = np.flatnonzero(_half_bits(got)[~nan] != _half_bits(want)[~nan])
+    assert not bad.size, (f"{bad.size} values rounded differently, e.g. "
+                          f"{values[~nan][bad[0]]!r}: {_half_bits(got)[~nan][bad[0]]:#06x} "
+                          f"!= {_half_bits(want)[~nan][bad[0]]:#06x}")
+
+
+# ----------------------------------------------------------------------- half-precision data
+@pytest.mark.parametrize("path", ["steps", "fast", "small"])
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", SHAPES)
+def test_a_half_call_is_the_float32_call_rounded_once(cp, poison, rng, T, B, I, H, bi, dtype,
+                                                     path):
+    p = _cast(problem(rng, T, B, I, H, bi), dtype)
+    if path == "small" and (2 if bi else 1) * B * H > 1024:
+        return
+    ours, saved = _call(_gpu(cp, p), path)
+    wide, _ = _call(_gpu(cp, _cast(p, np.float32)), path)
+    for name, a, b in zip(OUT_NAMES, ours, wide):
+        assert a.dtype == dtype, name
+        np.testing.assert_array_equal(_half_bits(cp.asnumpy(a)),
+                                      _half_bits(cp.asnumpy(b).astype(dtype)), err_msg=name)
+    # the history in float32; x and the weights kept as given
+    assert saved.hs.dtype == np.float32 and saved.gates.dtype == np.float32
+    assert saved.x.dtype == dtype and saved.w_hh.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+def test_half_calls_with_lengths_inference_and_two_dimensional_weights(cp, poison, rng,
+                                                                       dtype):
+    """Variable lengths, training=False and weights without the direction axis, each the
+    float32 call rounded once; repeat calls give the same bits."""
+    p = _cast(problem(rng, 11, 5, 6, 20, False, lengths=True), dtype)
+    for name in ("w_ih", "w_hh", "b_ih", "b_hh"):
+        p[name] = p[name][0]
+    g, g32 = _gpu(cp, p), _gpu(cp, _cast(p, np.float32))
+    for training in (True, False):
+        ours, _ = _call(g, "auto", training=training)
+        again, _ = _call(g, "auto", training=training)
+        wide, _ = _call(g32, "auto", training=training)
+        for name, a, a2, b in zip(OUT_NAMES, ours, again, wide):
+            assert a.shape == b.shape, name
+            bits = _half_bits(cp.asnumpy(a))
+            np.testing.assert_array_equal(bits, _half_bits(cp.asnumpy(a2)), err_msg=name)
+            np.testing.assert_array_equal(bits, _half_bits(cp.asnumpy(b).astype(dtype)),
+                                          err_msg=name)
+
+
+def _ulp(v, dtype):
+    """The format's unit in the last place at magnitudes `v` (float64)."""
+    bits, emin = {"float16": (10, -14), "bfloat16": (7, -126)}[np.dtype(dtype).name]
+    e = np.floor(np.log2(np.maximum(v, 2.0 ** emin)))
+    return 2.0 ** (e - bits)
+
+
+def test_half_data_against_the_numpy_path(cp, rng):
+    """The GPU and numpy paths on the same half-precision values: one rule, so they differ
+    only where their float32 results round to neighbouring half values (at most one unit of
+    the format in the last place, at a few elements)."""
+    for dtype in HALVES:
+        p = _cast(problem(rng, 7, 3, 5, 12, True), dtype)
+        ours, _ = _call(_gpu(cp, p), "auto")
+        ref, _ = _call(p, "auto")
+        for name, a, r in zip(OUT_NAMES, ours, ref):
+            a = cp.asnumpy(a).astype(np.float64)
+            r = np.asarray(r).astype(np.float64)
+            assert (np.abs(a - r) <= _ulp(np.maximum(np.abs(a), np.abs(r)), dtype)).all(), name
+            assert np.mean(a != r) < 0.05, name
+
+
+def test_bad_precision_combinations_are_errors_naming_them(cp, rng):
+    p = _gpu(cp, _cast(problem(rng, 3, 2, 4, 5, False), np.float16))
+    w = list(weights(p))
+    with pytest.raises(TypeError, match="w_hh has dtype float32, expected float16"):
+        cugru.gru_forward(p["x"], None, w[0], w[1].astype(np.float32), w[2], w[3])
+    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
+        cugru.gru_forward(p["x"], None, *w, math="tf32")
+    with pytest.raises(ValueError, match="math must be one of"):
+        cugru.gru_forward(p["x"].astype(np.float32), None, *[a.astype(np.float32) for a in w],
+                          math="fp16")
+    with pytest.raises(TypeError, match="quant= takes float32 or float64 data"):
+        cugru.gru_forward(p["x"], None, *w, quant=cugru.QuantSpec())
+
+
+# ------------------------------------------------------------------------------ math="tf32"
+def _tf32_bound(ref32, ref64):
+    """The tolerance of a TF32 result: TF32's unit roundoff over float32's times the
+    float32 oracle's error, twice, plus 4 TF32 units of the result's scale."""
+    scale = max(1.0, float(np.abs(ref64).max()))
+    err32 = float(np.abs(ref32.astype(np.float64) - ref64).max())
+    return 2 * (TF32_U / F32_U) * err32 + 4 * TF32_U * scale
+
+
+@pytest.mark.parametrize("path", ["steps", "fast"])
+@pytest.mark.parametrize("bi", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("T,B,I,H", [(6, 3, 7, 8), (20, 16, 200, 96), (8, 64, 300, 300)])
+def test_tf32_within_its_tolerance_and_not_strict(cp, poison, rng, T, B, I, H, bi, path):
+    p = problem(rng, T, B, I, H, bi)
+    ref64, _ = _call(p, "auto")
+    ref32, _ = _call(_cast(p, np.float32), "auto")
+    g = _gpu(cp, _cast(p, np.float32))
+    handle = cp.cuda.device.get_cublas_handle()
+    from cupy_backends.cuda.libs import cublas
+    mode = cublas.getMathMode(handle)
+    ours, saved = _call(g, path, math="tf32")
+    assert cublas.getMathMode(handle) == mode, "the cuBLAS handle's math mode changed"
+    assert saved.math == "tf32"
+    again, _ = _call(g, path, math="tf32")
+    strict, _ = _call(g, path)
+    differs = False
+    for name, a, a2, s, r32, r64 in zip(OUT_NAMES, ours, again, strict, ref32, ref64):
+        a = cp.asnumpy(a)
+        assert a.dtype == np.float32, name
+        np.testing.assert_array_equal(a, cp.asnumpy(a2), err_msg=name)
+        bound = _tf32_bound(np.asarray(r32), np.asarray(r64))
+        err = float(np.abs(a.astype(np.float64) - r64).max())
+        assert err <= bound, f"{name}: error {err:.3g} > bound {bound:.3g}"
+        planted = a.astype(np.float64)
+        planted.flat[planted.size // 2] += 2.5 * bound
+        assert float(np.abs(planted - r64).max()) > bound, name
+        differs |= not np.array_equal(a, cp.asnumpy(s))
+    if I * 3 * H >= 200 * 3 * 96:      # (large products: cuBLAS runs them on tensor cores)
+        assert differs, "math='tf32' gave the bits of math='strict'"
+
+
+def test_backward_takes_the_forward_pass_s_math_or_its_own(cp, rng):
+    g = _gpu(cp, _cast(problem(rng, 10, 32, 256, 128, False), np.float32))
+    y, h_n, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), path="steps", math="tf32")
+    by_default = cugru.gru_backward(g["dy"], None, saved, path="steps")
+    tf32 = cugru.gru_backward(g["dy"], None, saved, path="steps", math="tf32")
+    strict = cugru.gru_backward(g["dy"], None, saved, path="steps", math="strict")
+    assert all(np.array_equal(cp.asnumpy(a), cp.asnumpy(b)) for a, b in zip(by_default, tf32))
+    assert not all(np.array_equal(cp.asnumpy(a), cp.asnumpy(b)) for a, b in zip(tf32, strict))
+    with pytest.raises(ValueError, match="math must be one of"):
+        cugru.gru_backward(g["dy"], None, saved, math="TF32")

@@ -1,0 +1,47 @@
+"""math= on the numpy path and the cuBLAS math mode it asks for (no GPU needed).
+
+The numpy path computes every product strict whatever math says (TF32 permits rounding,
+it does not require it): math="tf32" gives the strict bits there, is recorded in the
+history for gru_backward's default, and is refused where it has no meaning.
+"""
+import numpy as np
+import pytest
+
+import cugru
+from cugru import _device
+from gru_cases import problem, weights
+
+
+def test_math_mode_sets_tf32_or_turns_it_off_and_keeps_the_flags():
+    mm = _device.math_mode
+    assert mm(0, "tf32") == 3 and mm(0, "strict") == 0
+    assert mm(3, "strict") == 0 and mm(3, "tf32") == 3
+    assert mm(2, "strict") == 2                    # (pedantic stays pedantic)
+    assert mm(16 | 3, "strict") == 16 and mm(16, "tf32") == 16 | 3
+
+
+def test_tf32_on_numpy_is_strict_recorded_and_checked(rng):
+    p = {k: (v.astype(np.float32) if isinstance(v, np.ndarray) else v)
+         for k, v in problem(rng, 4, 3, 5, 6, True).items()}
+    strict = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    tf32 = cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, math="tf32")
+    assert strict[2].math == "strict" and tf32[2].math == "tf32"
+    for a, b in zip(strict[:2], tf32[:2]):
+        np.testing.assert_array_equal(a, b)
+    g1 = cugru.gru_backward(p["dy"], p["dh_n"], tf32[2])
+    g2 = cugru.gru_backward(p["dy"], p["dh_n"], strict[2], math="tf32")
+    for a, b in zip(g1, g2):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="math must be one of \\('strict', 'tf32'\\), got 'fp32'"):
+        cugru.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True, math="fp32")
+    with pytest.raises(ValueError, match="math must be one of"):
+        cugru.gru_backward(p["dy"], p["dh_n"], tf32[2], math="TF32")
+    d = {k: (v.astype(np.float64) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
+    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float64"):
+        cugru.gru_forward(d["x"], d["h0"], *weights(d), bidirectional=True, math="tf32")
+    h = {k: (v.astype(np.float16) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
+    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
+        cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True, math="tf32")
+    _, _, saved16 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
+    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
+        cugru.gru_backward(h["dy"], None, saved16, math="tf32")
