@@ -165,13 +165,14 @@ def check_lengths(lengths, T, B, xp):
 
 
 _F32, _F64 = checks.FLOAT_DTYPES
+_PLAIN_DTYPES = (_F32, _F64) + HALF_DTYPES
 
 
 def _plain_gpu_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
     """The common GPU call's arguments with the least host work, or None for any other call
     (the general checks below then decide, errors included): C-contiguous cupy arrays of one
-    dtype, float32 or float64, the weights with their direction axis, plain True/False
-    flags, no quantization, no lengths."""
+    dtype (float32, float64, float16 or bfloat16), the weights with their direction axis,
+    plain True/False flags, no quantization, no lengths."""
     nd = checks.gpu_flat_type()
     if nd is None or type(x) is not nd or not x._c_contiguous:
         return None
@@ -179,7 +180,7 @@ def _plain_gpu_forward(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training):
             (training is not True and training is not False):
         return None
     dt = x.dtype
-    if (dt is not _F32 and dt is not _F64) or len(x.shape) != 3:
+    if dt not in _PLAIN_DTYPES or len(x.shape) != 3:
         return None
     D = 2 if bidirectional else 1
     T, B, I = x.shape

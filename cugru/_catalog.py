@@ -85,7 +85,7 @@ DEFINES = {
     "gru_tail.cu": (),
     "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
-    "gru_cast.cu": (),
+    "gru_cast.cu": ("CAST_ARRAYS",),
     "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
 }
 
@@ -184,6 +184,9 @@ def quant_masks(ctype):
 
 #: the half-precision formats of gru_cast.cu (its template argument FMT)
 HALF_FORMATS = ("float16", "bfloat16")
+#: the arrays one launch of gru_cast.cu's kernels converts (GRU_CAST_ARRAYS; their
+#: parameters in0..in5, out0..out5, n0..n5 are spelled out for it)
+CAST_ARRAYS = 6
 
 
 @functools.lru_cache(maxsize=None)

@@ -45,3 +45,16 @@ def test_tf32_on_numpy_is_strict_recorded_and_checked(rng):
     _, _, saved16 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
     with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
         cugru.gru_backward(h["dy"], None, saved16, math="tf32")
+
+
+def test_the_conversions_positional_parameters_are_their_declarations():
+    """cugru/_half.py launches gru_cast.cu's kernels with values in CAST_PARAMS' order:
+    that order is the CUDA declaration's, for both kernels."""
+    from cugru import _catalog, _half
+    from cukernels import runtime
+    sigs = runtime.signatures("gru_cast.cu")
+    for name in ("gru_widen", "gru_narrow"):
+        assert tuple(n for n, _ in sigs[name]) == _half.CAST_PARAMS
+        kinds = [k for _, k in sigs[name]]
+        A = _catalog.CAST_ARRAYS
+        assert kinds == ["ptr"] * (2 * A) + ["i64"] * A

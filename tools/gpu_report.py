@@ -237,8 +237,8 @@ def main(argv=None) -> int:
 
     if "sanitizer" not in skip:
         lines = ["## compute-sanitizer", "",
-                  "GPU tests of tests/test_gpu.py, tests/test_multi.py, tests/test_gru_gpu.py "
-                  "and tests/test_qat_gpu.py (`CK_QUICK=1`: sizes 5 and 1001, fewer and shorter "
+                  "GPU tests of tests/test_gpu.py, tests/test_multi.py, tests/test_gru_gpu.py, "
+                  "tests/test_gru_precision_gpu.py and tests/test_qat_gpu.py (`CK_QUICK=1`: sizes 5 and 1001, fewer and shorter "
                   "GRU shapes, two quantization specs; CuPy's pool off; not the cuDNN "
                   "comparison) under each tool.", "",
                   "| tool | tests | sanitizer summary | exit |", "|---|---|---|---|"]
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
             xml = os.path.join(out, f"san-{tool}.xml")
             cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *flags,
                    py, "-m", "pytest", "tests/test_gpu.py", "tests/test_multi.py",
-                   "tests/test_gru_gpu.py",
+                   "tests/test_gru_gpu.py", "tests/test_gru_precision_gpu.py",
                    "tests/test_qat_gpu.py", "-q",
                    "-p", "no:cacheprovider", "-m", "gpu and not slow", f"--junitxml={xml}",
                    # cuDNN's own kernels are not ours to check

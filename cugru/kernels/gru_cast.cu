@@ -28,20 +28,24 @@ template <int FMT> __device__ __forceinline__ unsigned short gru_float_to_half(f
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// out[k] = in[k] widened to float, k < n (grid-stride)
-template <int FMT>
-__global__ void gru_widen(const unsigned short* __restrict__ in, float* __restrict__ out,
-                          long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride)
-        out[k] = gru_half_to_float<FMT>(in[k]);
-}
+// Up to GRU_CAST_ARRAYS arrays per launch, each converted on its own: out_s[k] = the
+// conversion of in_s[k] for k < n_s (n_s = 0: array s unused). Grid-stride over each array
+// in turn; the loop over arrays unrolls, so each array's pointers stay in registers.
+#define GRU_CAST_KERNEL(NAME, IN, OUT, CONVERT)                                               \
+    template <int FMT>                                                                        \
+    __global__ void NAME(const IN* in0, const IN* in1, const IN* in2, const IN* in3,          \
+                         const IN* in4, const IN* in5, OUT* out0, OUT* out1, OUT* out2,       \
+                         OUT* out3, OUT* out4, OUT* out5, long long n0, long long n1,         \
+                         long long n2, long long n3, long long n4, long long n5) {            \
+        const IN* in[GRU_CAST_ARRAYS] = {in0, in1, in2, in3, in4, in5};                       \
+        OUT* out[GRU_CAST_ARRAYS] = {out0, out1, out2, out3, out4, out5};                     \
+        const long long n[GRU_CAST_ARRAYS] = {n0, n1, n2, n3, n4, n5};                        \
+        const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;             \
+        const long long stride = (long long)gridDim.x * blockDim.x;                           \
+        _Pragma("unroll") for (int s = 0; s < GRU_CAST_ARRAYS; ++s)                           \
+            for (long long k = first; k < n[s]; k += stride)                                  \
+                out[s][k] = CONVERT<FMT>(in[s][k]);                                           \
+    }
 
-// out[k] = in[k] rounded to the format, k < n (grid-stride)
-template <int FMT>
-__global__ void gru_narrow(const float* __restrict__ in, unsigned short* __restrict__ out,
-                           long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride)
-        out[k] = gru_float_to_half<FMT>(in[k]);
-}
+GRU_CAST_KERNEL(gru_widen, unsigned short, float, gru_half_to_float)
+GRU_CAST_KERNEL(gru_narrow, float, unsigned short, gru_float_to_half)
