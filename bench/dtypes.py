@@ -57,12 +57,10 @@ def run(ids, repeat, precisions):
             p = {k: v.astype(_np_dtype(dt)) if isinstance(v, np.ndarray) else v
                  for k, v in base.items()}
             row = {"id": sid, "shape": [T, B, I, H, bi], "precision": prec}
-            n = max(3, repeat // 4) if T >= 1000 else repeat
-            for who, (train, infer) in (
-                    ("ours", ours_calls(p, cp, "auto", math)),
-                    ("cudnn", torch_gru_calls(torch, p, "cuda", tf32, getattr(torch, dt)))):
-                row[f"{who} train ms"] = timing.gpu_time_us(train, n_repeat=n) / 1e3
-                row[f"{who} infer ms"] = timing.gpu_time_us(infer, n_repeat=n) / 1e3
+            n = timing.repeats_for(T, repeat)
+            timing.time_passes(row, "ours", ours_calls(p, cp, "auto", math), n)
+            timing.time_passes(row, "cudnn", torch_gru_calls(torch, p, "cuda", tf32,
+                                                             getattr(torch, dt)), n)
             rows.append(row)
             print(f"  {sid} {prec}: {row}", file=sys.stderr, flush=True)
     return rows

@@ -58,13 +58,10 @@ def run(ids, repeat, dtypes=tuple(FLOORS)):
         for dt in dtypes:
             p = make_problem(T, B, I, H, bi, dtype=np.dtype(dt))
             row = {"id": sid, "shape": [T, B, I, H, bi], "why": why, "dtype": dt}
-            n = max(3, repeat // 4) if T >= 1000 else repeat
-            for who, (train, infer) in (
-                    ("ours", ours_calls(p, cp, "auto")),
-                    ("cudnn", torch_gru_calls(torch, p, "cuda", False,
-                                              getattr(torch, dt)))):
-                row[f"{who} train ms"] = timing.gpu_time_us(train, n_repeat=n) / 1e3
-                row[f"{who} infer ms"] = timing.gpu_time_us(infer, n_repeat=n) / 1e3
+            n = timing.repeats_for(T, repeat)
+            timing.time_passes(row, "ours", ours_calls(p, cp, "auto"), n)
+            timing.time_passes(row, "cudnn", torch_gru_calls(torch, p, "cuda", False,
+                                                             getattr(torch, dt)), n)
             rows.append(row)
             print(f"  {sid} {dt}: {row}", file=sys.stderr, flush=True)
     return rows

@@ -70,15 +70,13 @@ def run(ids, repeat, dtypes=("float32",)):
         for dt in dtypes:
             p = make_problem(T, B, I, H, bi, dtype=np.dtype(dt))
             row = {"id": sid, "shape": [T, B, I, H, bi], "why": why, "dtype": dt}
-            n = max(3, repeat // 4) if T >= 1000 else repeat
+            n = timing.repeats_for(T, repeat)
             for path in PATHS:
                 names = plans_of(path, T, B, I, H, D, dt)
                 row[f"{path} plans"] = names
                 if names is None:        # (path="fast" where no split fits)
                     continue
-                train, infer = ours_calls(p, cp, path)
-                row[f"{path} train ms"] = timing.gpu_time_us(train, n_repeat=n) / 1e3
-                row[f"{path} infer ms"] = timing.gpu_time_us(infer, n_repeat=n) / 1e3
+                timing.time_passes(row, path, ours_calls(p, cp, path), n)
             rows.append(row)
             print(f"  {sid} {dt}: {row}", file=sys.stderr, flush=True)
     return rows

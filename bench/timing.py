@@ -191,6 +191,19 @@ def publish(lines, data, path):
             json.dump(data, f, indent=1)
 
 
+def repeats_for(T, repeat):
+    """Timed calls per measurement for a sequence of T steps: a quarter (at least 3) from
+    T = 1000 on, where one call takes long enough."""
+    return max(3, repeat // 4) if T >= 1000 else repeat
+
+
+def time_passes(row, who, calls, n):
+    """row["<who> train ms"] and row["<who> infer ms"]: the device time (ms, gpu_time_us
+    over n calls) of `calls`, a (train step, inference) pair of callables."""
+    for kind, fn in zip(("train", "infer"), calls):
+        row[f"{who} {kind} ms"] = gpu_time_us(fn, n_repeat=n) / 1e3
+
+
 def geomean(values):
     values = [v for v in values if v]
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
