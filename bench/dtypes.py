@@ -25,6 +25,7 @@ import numpy as np
 from . import timing
 from .gru import ours_calls, torch_gru_calls
 from .offtable import OFF_TABLE
+from .precision import np_dtype
 from .shapes import SHAPES, id_list, make_problem
 
 #: precision -> (data dtype name, our math=, cuDNN with TF32 allowed)
@@ -33,13 +34,6 @@ PRECISIONS = {"tf32": ("float32", "tf32", True), "float16": ("float16", "strict"
 ALL = {**{k: (v, "S1-S10") for k, v in SHAPES.items()}, **OFF_TABLE}
 #: ratio floors per shape, and the geomean goal (cuDNN time / ours)
 FLOOR, GEOMEAN_GOAL = 1.0, 2.0
-
-
-def _np_dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def run(ids, repeat, precisions):
@@ -54,7 +48,7 @@ def run(ids, repeat, precisions):
         base = make_problem(T, B, I, H, bi, dtype=np.float32)
         for prec in precisions:
             dt, math, tf32 = PRECISIONS[prec]
-            p = {k: v.astype(_np_dtype(dt)) if isinstance(v, np.ndarray) else v
+            p = {k: v.astype(np_dtype(dt)) if isinstance(v, np.ndarray) else v
                  for k, v in base.items()}
             row = {"id": sid, "shape": [T, B, I, H, bi], "precision": prec}
             n = timing.repeats_for(T, repeat)

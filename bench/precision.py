@@ -31,7 +31,8 @@ GOAL = 1.5
 DEFAULT_SHAPES = ("S1", "S2", "S4", "S6")
 
 
-def _dtype(name):
+def np_dtype(name):
+    """The numpy dtype of a float dtype's name, bfloat16 (ml_dtypes') included."""
     if name == "bfloat16":
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
@@ -104,7 +105,7 @@ def run(ids, dtypes, device):
     rows = []
     for sid in ids:
         for name in dtypes:
-            dt = _dtype(name)
+            dt = np_dtype(name)
             p = problem(SHAPES[sid], dt)
             ref = run_torch(p, torch.float64, device)
             theirs = run_torch(p, getattr(torch, name), device)

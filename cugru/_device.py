@@ -276,18 +276,15 @@ def _cublas_lib(handle):
     return _CUBLAS["lib"]
 
 
-#: the maths a pass's cuBLAS products may use (Loop's `math`): "strict" float32 (or
-#: float64) products, or "tf32": float32 products on tensor cores from inputs rounded to
-#: TF32 (10 bits of significand), summed in float32
-MATHS = ("strict", "tf32")
 #: cuBLAS' math modes (cublasMath_t): the low bits name the mode, higher bits are flags
 _MATH_DEFAULT, _MATH_TF32, _MATH_MODE_BITS = 0, 3, 0xF
 
 
 def math_mode(current: int, math: str) -> int:
-    """The cuBLAS math mode for `math` ("strict" or "tf32"), from the handle's `current`
-    one: its flags kept; "tf32" sets the TF32 mode, "strict" turns TF32 off and keeps any
-    other mode (the default and pedantic modes compute float32 products in float32)."""
+    """The cuBLAS math mode for `math` (cugru._args.MATHS: "strict" or "tf32"), from the
+    handle's `current` one: its flags kept; "tf32" sets the TF32 mode, "strict" turns TF32
+    off and keeps any other mode (the default and pedantic modes compute float32 products
+    in float32)."""
     flags, mode = current & ~_MATH_MODE_BITS, current & _MATH_MODE_BITS
     if math == "tf32":
         return flags | _MATH_TF32

@@ -4,10 +4,11 @@ float32, and rounds each result once to the data's dtype, the weight gradients a
 sum over every step and row. So a half-precision call gives, bit for bit, the float32 call
 on the same values with its results rounded once, on whichever plan runs it.
 
-What it costs beside the float32 pass: one widening launch per input (and, in the backward
-pass, for x and the weights again, which the history keeps as given, not widened), one
-rounding launch per result, and the float32 copies of the inputs for the length of the call.
-The conversions are gru_cast.cu's.
+What it costs beside the float32 pass: in each pass one launch that widens its inputs into
+one float32 allocation (the backward pass widens x and the weights again: the history keeps
+them as given) and one that rounds its results into one allocation of the data's dtype
+(gru_cast.cu; up to CAST_ARRAYS arrays a launch), and the float32 copies for the length of
+the call.
 """
 from __future__ import annotations
 
