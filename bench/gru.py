@@ -34,14 +34,25 @@ from .gru_report import OURS
 
 
 @contextlib.contextmanager
-def plain_launch():
-    """The per-step kernels launched through CuPy's RawKernel call (the reference)."""
+def _device_setting(name, value):
     from cugru import _device
-    old, _device.PLAIN_LAUNCH = _device.PLAIN_LAUNCH, True
+    old = getattr(_device, name)
+    setattr(_device, name, value)
     try:
         yield
     finally:
-        _device.PLAIN_LAUNCH = old
+        setattr(_device, name, old)
+
+
+def plain_launch():
+    """The per-step kernels launched through CuPy's RawKernel call (the reference; never
+    from a CUDA graph)."""
+    return _device_setting("PLAIN_LAUNCH", True)
+
+
+def graphs_off():
+    """The per-step path issuing every call of every step (no CUDA graph replay)."""
+    return _device_setting("GRAPHS", False)
 
 
 def ours_calls(p, xp, path="auto", math=None):
@@ -327,7 +338,13 @@ def run(shape_ids, repeat, cpu=True):
             row["train"][label] = timing.gpu_time_us(train, n_repeat=repeat) / 1e3
             row["infer"][label] = timing.gpu_time_us(infer, n_repeat=repeat) / 1e3
             row["host"][label] = timing.host_us_per_call_issued(train, T)
-        plain_train, _ = ours_calls(p, cp, "steps")
+        plain_train, plain_infer = ours_calls(p, cp, "steps")
+        with graphs_off():
+            row["train"]["steps, no graphs"] = timing.gpu_time_us(plain_train,
+                                                                  n_repeat=repeat) / 1e3
+            row["infer"]["steps, no graphs"] = timing.gpu_time_us(plain_infer,
+                                                                  n_repeat=repeat) / 1e3
+            row["host"]["steps, no graphs"] = timing.host_us_per_call_issued(plain_train, T)
         with plain_launch():
             row["host"]["steps, CuPy launch"] = timing.host_us_per_call_issued(plain_train, T)
         if torch is not None:

@@ -153,19 +153,26 @@ def markdown(rows, device, limits=None):
                     f"{ph[k]:.3f} ({ph[k] * 1e3 / T:.2f})" for k in names) + " |")
     pieces = list(rows[0]["steps"]) if rows else []
     lines += ["", "### Where a step's time goes (the per-step path, µs)", "",
-              "measured µs/step = train step time / T (forward and backward of one step). "
-              "Host µs/step = the Python issuing the train step, per step, GPU idle at the "
-              "start. Each piece of a step is timed alone as host issue time / device time "
-              "(the device time with the host's issue time hidden, bench.timing.held_times_us); "
-              "their device times add up to the per-step path's GPU floor.", "",
-              "| id | measured µs/step | host µs/step | host µs/step, CuPy launch | "
+              "measured µs/step = train step time / T (forward and backward of one step), "
+              "with the recurrence of each pass replayed from a CUDA graph (cugru's default "
+              "on a repeated call) and with graphs off (every call issued). Host µs/step = "
+              "the Python issuing the train step, per step, GPU idle at the start: with "
+              "graphs, without, and without with CuPy's RawKernel launch. Each piece of a "
+              "step is timed alone as host issue time / device time (the device time with "
+              "the host's issue time hidden, bench.timing.held_times_us); their device times "
+              "add up to the per-step path's GPU floor.", "",
+              "| id | measured µs/step | graphs off | host µs/step | graphs off | "
+              "graphs off, CuPy launch | "
               + " | ".join(f"{k}: host / device" for k in pieces) + " | device floor µs/step |",
-              "|---|---|---|---|" + "---|" * (len(pieces) + 1)]
+              "|---|---|---|---|---|---|" + "---|" * (len(pieces) + 1)]
+    fmt = lambda v, scale=1.0: "-" if v is None else f"{v * scale:.1f}"  # noqa: E731
     for r in rows:
         T = r["shape"][0]
         floor = sum(r["steps"][k][1] for k in pieces)
-        lines.append(f"| {r['id']} | {r['train']['steps'] * 1e3 / T:.1f} | "
-                     f"{r['host']['steps']:.1f} | {r['host']['steps, CuPy launch']:.1f} | "
+        lines.append(f"| {r['id']} | {fmt(r['train']['steps'], 1e3 / T)} | "
+                     f"{fmt(r['train'].get('steps, no graphs'), 1e3 / T)} | "
+                     f"{fmt(r['host']['steps'])} | {fmt(r['host'].get('steps, no graphs'))} | "
+                     f"{fmt(r['host']['steps, CuPy launch'])} | "
                      + " | ".join(f"{r['steps'][k][0]:.1f} / {r['steps'][k][1]:.1f}"
                                   for k in pieces) + f" | {floor:.1f} |")
     if limits:

@@ -82,8 +82,9 @@ def check_path(path):
 
 
 #: math= of gru_forward and gru_backward: "strict" (every product in the data's precision,
-#: float32 for half-precision data) or "tf32" (float32 data only: cuBLAS' products may
-#: round their inputs to TF32, 10 bits of significand, and sum in float32)
+#: float32 for half-precision data) or "tf32" (float32, float16 and bfloat16 data: cuBLAS'
+#: products may round their float32 inputs to TF32, 10 bits of significand, and sum in
+#: float32; half-precision values are exact in TF32, the state is rounded)
 MATHS = ("strict", "tf32")
 _F32_DTYPE = np.dtype(np.float32)
 
@@ -92,6 +93,12 @@ def check_math(math, dtype):
     """`math` checked for data of `dtype` (the error names math=)."""
     if math == "strict":
         return math
+    if math not in MATHS:
+        raise ValueError(f"math must be one of {MATHS}, got {math!r}")
+    if dtype != _F32_DTYPE and dtype not in HALF_DTYPES:
+        raise TypeError(f"math='tf32' takes float32, float16 or bfloat16 data, x is "
+                        f"{np.dtype(dtype).name} (float64 data computes with math='strict')")
+    return math
     if math not in MATHS:
         raise ValueError(f"math must be one of {MATHS}, got {math!r}")
     if dtype != _F32_DTYPE:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -291,6 +292,92 @@ def math_mode(current: int, math: str) -> int:
     return flags | (_MATH_DEFAULT if mode == _MATH_TF32 else mode)
 
 
+#: the per-step path issues two calls a step, and the host took about twice the GPU's time
+#: to issue them on large shapes (docs/performance.md). So a pass's recurrence there runs
+#: through Loop.replay: a call that repeats an earlier one (the same shape, buffers, settings,
+#: stream and thread, as in a training loop, where CuPy's pool hands each call the buffers
+#: of the call before) runs as one CUDA graph launch. False: every call issues its calls.
+GRAPHS = True
+#: at most this many graphs are kept, and this many keys seen once remembered (the least
+#: recently used go first; a graph keeps no buffer alive, only the addresses it names)
+GRAPH_ENTRIES = 16
+GRAPH_SEEN = 64
+EAGER, CAPTURE = "eager", "capture"
+
+
+class GraphCache:
+    """Loop.replay's memory: for a key, EAGER (first seen), CAPTURE (seen once before) or
+    the graph kept for it."""
+
+    def __init__(self):
+        self.graphs, self.seen = OrderedDict(), OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            graph = self.graphs.get(key)
+            if graph is not None:
+                self.graphs.move_to_end(key)
+                return graph
+            if self.seen.pop(key, False):
+                return CAPTURE
+            self.seen[key] = True
+            while len(self.seen) > GRAPH_SEEN:
+                self.seen.popitem(last=False)
+            return EAGER
+
+    def put(self, key, graph):
+        with self.lock:
+            self.graphs[key] = graph
+            while len(self.graphs) > GRAPH_ENTRIES:
+                self.graphs.popitem(last=False)
+
+    def clear(self):
+        with self.lock:
+            self.graphs.clear()
+            self.seen.clear()
+
+
+_GRAPHS = GraphCache()
+_SIDE: dict = {}
+
+
+def clear_graphs() -> None:
+    """Drop the kept graphs and the keys seen."""
+    _GRAPHS.clear()
+
+
+def _side_stream(cp):
+    """The stream Loop.replay captures on, one per device and thread (a capture cannot run
+    on the legacy default stream; the graph launches on the caller's)."""
+    key = (cp.cuda.runtime.getDevice(), threading.get_ident())
+    with _SCRATCH_LOCK:
+        side = _SIDE.get(key)
+        if side is None:
+            side = _SIDE[key] = cp.cuda.Stream(non_blocking=True)
+    return side
+
+
+def graph_key(*items):
+    """A hashable key of a pass's calls for Loop.replay: each array (anything with
+    .data.ptr) as its address and byte count, a dict as its sorted items, tuples and lists
+    item by item, None and other values as they are."""
+    def one(v):
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, dict):
+            return tuple((k, one(v[k])) for k in sorted(v))
+        if isinstance(v, (tuple, list)):
+            return tuple(one(i) for i in v)
+        data = getattr(v, "data", None)
+        if data is not None and hasattr(data, "ptr"):
+            return ("buffer", int(data.ptr), int(v.nbytes))
+        raise TypeError(f"graph_key takes arrays, dicts, sequences and scalars, got {type(v)}")
+    return one(items)
+
+
 class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
@@ -365,6 +452,61 @@ class Loop:
             direct.check(direct.set_math(self.handle, want), "setMathMode")
             self._math_was = mode.value
         direct.check(direct.set_stream(self.handle, self.stream), "setStream")
+
+    def bind(self):
+        """Bind cuBLAS' handle to the pass (done by the first product where not before)."""
+        if self._mode is None:
+            self._bind()
+
+    def replay(self, key, issue):
+        """Issue the calls of ``issue(loop)`` (a pass's recurrence, whose calls touch only
+        the buffers, and bake in only the values, that `key` names: graph_key): eagerly the
+        first time this loop's setting sees `key`, captured into a CUDA graph the second
+        time, and as that one graph's launch from then on (GRAPHS). Eager where graphs
+        cannot serve: GRAPHS off, the plain launches, CuPy's cuBLAS wrappers (they refuse a
+        capture), or a stream the caller is capturing (the calls go into that capture)."""
+        self.bind()
+        cp = runtime.cupy_module()
+        stream = cp.cuda.get_current_stream()
+        if not GRAPHS or self.plain or self._direct is None or stream.ptr != self.stream \
+                or capturing(cp, self.stream):
+            issue(self)
+            return
+        key = (key, self.dtype.char, self.math, cp.cuda.runtime.getDevice(), self.stream,
+               threading.get_ident())
+        got = _GRAPHS.get(key)
+        if got is EAGER:
+            issue(self)
+            return
+        if got is CAPTURE:
+            got = self._capture(cp, issue)
+            _GRAPHS.put(key, got)
+        got.launch(stream)
+
+    def _capture(self, cp, issue):
+        """``issue``'s calls captured, on a side stream of this device and thread, into an
+        instantiated CUDA graph (cupy.cuda.Graph). The capture is thread-local, so a call
+        that would allocate device memory on this thread meanwhile fails instead of
+        baking the address of a buffer no key names."""
+        side = _side_stream(cp)
+        mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", None)
+        try:
+            with side:
+                inner = Loop(self.dtype, math=self.math)
+                side.begin_capture(mode)
+                try:
+                    with inner:
+                        issue(inner)
+                except BaseException:
+                    try:
+                        side.end_capture()
+                    except Exception:  # noqa: BLE001 (the issue's error goes first)
+                        pass
+                    raise
+                return side.end_capture()
+        finally:
+            # (the inner loop bound cuBLAS' handle to the side stream)
+            self._direct.check(self._direct.set_stream(self.handle, self.stream), "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device

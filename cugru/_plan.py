@@ -71,18 +71,23 @@ class StepsPlan:
     def grid(B, H, D):
         return (-(-B * H // cat.STEP_THREADS), D)
 
-    def forward_step(self, loop, p):
-        """(product(s), pointwise(s)): the two calls of forward step s."""
+    @staticmethod
+    def forward_args(p, gh):
+        """The forward pointwise kernel's arguments (gh: the step's recurrent product)."""
+        return {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs, "y": p.y,
+                "gates": p.y if p.gates is None else p.gates, "lengths": p.lengths,
+                "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "s": 0, **p.qargs}
+
+    def forward_step(self, loop, p, gh=None):
+        """(product(s), pointwise(s)): the two calls of forward step s (gh: where the
+        products go, a temporary of the pass's own where None)."""
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
-        gh, = dev.scratch("steps", p.dtype, (D, B, G))
+        if gh is None:
+            gh, = dev.scratch("steps", p.dtype, (D, B, G))
         kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                                {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh,
-                                 "hs": p.hs, "y": p.y,
-                                 "gates": p.y if p.gates is None else p.gates,
-                                 "lengths": p.lengths, "steps": T,
-                                 "B": B, "H": H, "S": S, "s": 0, **p.qargs}, step_arg="s")
+                                self.forward_args(p, gh), step_arg="s")
         w_hh, hs, ghp = p.w_hh.data.ptr, p.hs.data.ptr, gh.data.ptr
 
         def product(s, _keep=gh):
@@ -92,27 +97,36 @@ class StepsPlan:
         return product, pointwise
 
     def forward(self, loop, p):
-        product, pointwise = self.forward_step(loop, p)
-        for s in range(p.T):
-            product(s)
-            pointwise(s)
+        """The T steps, replayed from a CUDA graph on a repeated call (Loop.replay)."""
+        gh, = dev.scratch("steps", p.dtype, (p.D, p.B, 3 * p.H))
 
-    def backward_step(self, loop, p):
+        def issue(into):
+            product, pointwise = self.forward_step(into, p, gh)
+            for s in range(p.T):
+                product(s)
+                pointwise(s)
+        loop.replay(dev.graph_key("steps forward", p.ctype, p.training, p.qat, p.D,
+                                  self.forward_args(p, gh), p.w_hh), issue)
+
+    @staticmethod
+    def backward_args(p, dh):
+        """The backward pointwise kernel's arguments (dh: the carried gradient)."""
+        return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh, "dgi": p.dgi,
+                "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H,
+                "s": 0, **p.qargs}
+
+    def backward_step(self, loop, p, start=True):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
-        gradient they update (p.dh0: dh_n, or zeros, at the start; dh0 after step 0)."""
+        gradient they update (p.dh0: dh_n, or zeros, at the start, set here with `start`;
+        dh0 after step 0)."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
         dh = p.dh0
-        if p.dh_n is None:
-            dev.zero_bytes(dh.data.ptr, dh.nbytes)
-        else:
-            dev.copy_bytes(dh.data.ptr, p.dh_n.data.ptr, dh.nbytes)
+        if start:
+            self.start_backward(p)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                                {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh,
-                                 "dgi": p.dgi, "dgh": p.dgh, "lengths": p.lengths,
-                                 "steps": T, "B": B, "H": H,
-                                 "s": 0, **p.qargs}, step_arg="s")
+                                self.backward_args(p, dh), step_arg="s")
         w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
 
         def product(s):
@@ -121,12 +135,27 @@ class StepsPlan:
                       T * B * G, 1.0, dhp, H, B * H, D)
         return pointwise, product, dh
 
+    @staticmethod
+    def start_backward(p):
+        """The carried gradient p.dh0 set to dh_n, or zeros."""
+        dh = p.dh0
+        if p.dh_n is None:
+            dev.zero_bytes(dh.data.ptr, dh.nbytes)
+        else:
+            dev.copy_bytes(dh.data.ptr, p.dh_n.data.ptr, dh.nbytes)
+
     def backward(self, loop, p):
-        """Fills p.dgi, p.dgh and p.dh0."""
-        pointwise, product, dh = self.backward_step(loop, p)
-        for s in range(p.T - 1, -1, -1):
-            pointwise(s)
-            product(s)
+        """Fills p.dgi, p.dgh and p.dh0: the T steps, replayed from a CUDA graph on a
+        repeated call (Loop.replay)."""
+        self.start_backward(p)
+
+        def issue(into):
+            pointwise, product, _ = self.backward_step(into, p, start=False)
+            for s in range(p.T - 1, -1, -1):
+                pointwise(s)
+                product(s)
+        loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D,
+                                  self.backward_args(p, p.dh0), p.w_hh), issue)
 
 
 STEPS = StepsPlan()

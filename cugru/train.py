@@ -3,6 +3,7 @@
     python -m cugru.train [--device auto|gpu|cpu] [--optimizer adam] [--epochs 15]
                           [--hidden 64] [--batch 32] [--lr LR] [--seed 0]
                           [--data FILE.npz] [--save FILE.npz] [--plot FILE.png]
+                          [--dtype float32|float16|bfloat16] [--math strict|tf32]
                           [--qat [--qat-epochs 4] [--freeze-epochs 2] [--export FILE.npz]]
 
 By default it reads scikit-learn's handwritten digits, each 8x8 image as a sequence of 8 rows
@@ -23,6 +24,12 @@ Model and the calls that compute it:
 
 numpy arrays run every call on the CPU (the oracles), cupy arrays on the GPU: the same code
 runs both, from the same seed and data order.
+
+``--dtype float16`` or ``bfloat16`` trains in mixed precision: the weights, the optimizer
+and the dense layer stay float32, and each step runs the GRU on x and the weights rounded to
+that dtype (h_n and the GRU's gradients come back in it and are widened). ``--math tf32``
+lets the GRU's cuBLAS products round their inputs to TF32 (cugru's math=; the CPU computes
+them strict).
 
 ``--qat`` goes on after the float epochs with quantization-aware training (cugru.QuantSpec:
 8-bit weights per row, x, the state and the gates fake-quantized) for ``--qat-epochs``
@@ -47,10 +54,13 @@ import numpy as np
 import cukernels as ck
 from cukernels import runtime
 
-from . import _dist, gru_backward, gru_forward, qat
+from . import _dist, _half, gru_backward, gru_forward, qat
+from ._args import HALF_DTYPES, MATHS
 from .quant import QuantSpec
 
 OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop", "adadelta", "adam")
+#: --dtype: the GRU's data type (the model's weights stay float32)
+DTYPES = ("float32", "float16", "bfloat16")
 #: learning rates that train the default model well in the default epochs
 #: (each reaches 98-99% held-out accuracy on the digits in 15 epochs, seed 0)
 DEFAULT_LR = {"sgd": 1.0, "momentum": 0.1, "adagrad": 0.1, "rmsprop": 1e-2,
@@ -151,9 +161,13 @@ class Model:
 
     GRU_PARAMS = ("w_ih", "w_hh", "b_ih", "b_hh")
 
-    def __init__(self, xp, rng, n_features, hidden, n_classes, dtype=np.float32):
+    def __init__(self, xp, rng, n_features, hidden, n_classes, dtype=np.float32,
+                 gru_dtype=None, math="strict"):
         self.xp, self.hidden = xp, hidden
         self.quant = None                  # a QuantSpec: quantization-aware passes
+        # the GRU's data type where it is not the weights' (mixed precision), and its math=
+        self.gru_dtype = None if gru_dtype is None else np.dtype(gru_dtype)
+        self.math = math
         k = 1 / np.sqrt(hidden)            # torch.nn.GRU's initial range
         u = lambda *s: rng.uniform(-k, k, s).astype(dtype)  # noqa: E731
         dense = rng.uniform(-1, 1, (n_classes, 2 * hidden + 1)) * np.sqrt(3 / (2 * hidden))
@@ -165,9 +179,24 @@ class Model:
         self.grads = FlatGrads(xp, {k: v.shape for k, v in values.items()}, dtype)
         self.params = {k: Param(xp, v, self.grads.views[k]) for k, v in values.items()}
 
+    def _cast(self, dtype, *arrays):
+        """`arrays` (C-contiguous) in `dtype`: the weights' dtype and the GRU's, either way
+        (on the GPU by cugru's conversions, which round to nearest, ties to even)."""
+        if self.xp is np:
+            return [a.astype(dtype) for a in arrays]
+        if np.dtype(dtype) == np.float32:
+            return _half.widen(*arrays)
+        return _half.narrow(dtype, *arrays)
+
     def _gru(self, x, training):
         w = [self.params[n].w for n in self.GRU_PARAMS]
-        return gru_forward(x, None, *w, bidirectional=True, training=training, quant=self.quant)
+        if self.gru_dtype is not None:
+            x, *w = self._cast(self.gru_dtype, x, *w)
+        y, h_n, saved = gru_forward(x, None, *w, bidirectional=True, training=training,
+                                    quant=self.quant, math=self.math)
+        if self.gru_dtype is not None:
+            h_n, = self._cast(self.params["dense"].w.dtype, h_n)
+        return y, h_n, saved
 
     def probabilities(self, x, training=False):
         """Class probabilities (B, C) for x (T, B, I); with the cache backward needs."""
@@ -190,7 +219,11 @@ class Model:
         ck.calc_delta_weights(features, dense.d, g_logits)
         g_features = ck.calc_hidden_gradient(dense.w, g_logits)     # -dL/d[h_fwd, h_bwd]
         dh_n = xp.ascontiguousarray(-g_features.reshape(B, 2, H).transpose(1, 0, 2))
+        if self.gru_dtype is not None:
+            dh_n, = self._cast(self.gru_dtype, dh_n)
         grads = gru_backward(xp.zeros_like(y), dh_n, saved)[2:]
+        if self.gru_dtype is not None:
+            grads = self._cast(dense.w.dtype, *grads)
         for name, g in zip(self.GRU_PARAMS, grads):
             xp.negative(g, out=self.params[name].d)
 
@@ -202,6 +235,7 @@ class Model:
         """A twin: the same weights and optimizer state, trained apart from here."""
         twin = object.__new__(Model)
         twin.xp, twin.hidden, twin.quant = self.xp, self.hidden, self.quant
+        twin.gru_dtype, twin.math = self.gru_dtype, self.math
         twin.grads = FlatGrads(self.xp, {k: p.w.shape for k, p in self.params.items()},
                                self.grads.flat.dtype)
         twin.params = {name: p.copy(twin.grads.views[name]) for name, p in self.params.items()}
@@ -289,13 +323,34 @@ QAT_LR_FACTOR = 0.2
 QAT_LEVELS = (-128, 127)
 
 
+def gru_dtype_of(name):
+    """The GRU's dtype for --dtype `name`: None for float32 (the weights' own), else
+    float16 or bfloat16 (a ValueError where bfloat16 lacks ml_dtypes, or for another name)."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
+    if name == "float32":
+        return None
+    for dt in HALF_DTYPES:
+        if dt.name == name:
+            return dt
+    raise ValueError(f"--dtype {name} needs the ml_dtypes package (pip install ml_dtypes)")
+
+
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
-          data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, dog=None):
+          data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, dog=None,
+          dtype="float32", math="strict"):
     """Train and evaluate; returns a dict with the history, accuracy, timings and model.
     With qat_epochs, quantization-aware epochs follow (see the module's doc). `group` (a
     cugru._dist.Group): data-parallel, this process training on its slice of every batch
     (batch / processes rows), the loss and the gradients summed over the processes before
-    each step. `dog` (a cugru._dist.Watchdog) is told of every step and evaluation."""
+    each step. `dog` (a cugru._dist.Watchdog) is told of every step and evaluation.
+    `dtype` (DTYPES): the GRU's data type, float16 and bfloat16 in mixed precision; `math`:
+    its math= (cugru._args.MATHS)."""
+    gru_dtype = gru_dtype_of(dtype)
+    if math not in MATHS:
+        raise ValueError(f"math must be one of {MATHS}, got {math!r}")
+    if qat_epochs and gru_dtype is not None:
+        raise ValueError(f"--qat trains in float32; --dtype {dtype} cannot go with it")
     if device == "auto":
         device = "gpu" if ck.gpu_available() else "cpu"
     if device == "gpu" and not ck.gpu_available():
@@ -320,7 +375,7 @@ def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=No
         raise ValueError("--qat runs in one process (its observers see every batch)")
     share = batch // world
     eye = np.eye(n_classes, dtype=np.float32)
-    model = Model(xp, rng, X.shape[2], hidden, n_classes)
+    model = Model(xp, rng, X.shape[2], hidden, n_classes, gru_dtype=gru_dtype, math=math)
     x_test = xp.asarray(np.ascontiguousarray(X[test].transpose(1, 0, 2)))
     y_test = xp.asarray(labels[test])
     history, batch_losses, t, start = [], [], 0, time.perf_counter()
@@ -530,6 +585,12 @@ def parser():
     ap.add_argument("--plot", default="training-curves.png",
                     help="image of the loss and accuracy curves ('' for none)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="the GRU's data type: float16 and bfloat16 train in mixed precision "
+                         "(float32 weights, the GRU on their rounded copies)")
+    ap.add_argument("--math", choices=MATHS, default="strict",
+                    help="the GRU's math=: tf32 lets its cuBLAS products round their inputs "
+                         "to TF32 on the GPU")
     ap.add_argument("--qat", action="store_true",
                     help="quantization-aware epochs after the float ones (8-bit weights, x, "
                          "the state and the gates fake-quantized)")
@@ -593,6 +654,8 @@ def main(argv=None) -> int:
     if args.batch % world:
         ap.error(f"--batch {args.batch} is not a multiple of the {world} processes (each "
                  "takes an equal slice of every batch)")
+    if args.qat and args.dtype != "float32":
+        ap.error(f"--qat trains in float32; --dtype {args.dtype} cannot go with it")
     if args.qat and world > 1:
         ap.error("--qat runs in one process (its observers see every batch)")
     if args.gpus is not None and not launched:
@@ -624,7 +687,8 @@ def main(argv=None) -> int:
         r = train(device, args.optimizer, args.epochs, args.hidden, args.batch, args.lr,
                   args.seed, args.data, progress=not args.no_progress,
                   qat_epochs=args.qat_epochs if args.qat else 0,
-                  freeze_epochs=args.freeze_epochs, group=group, dog=dog)
+                  freeze_epochs=args.freeze_epochs, group=group, dog=dog,
+                  dtype=args.dtype, math=args.math)
     except ValueError as e:
         ap.error(str(e))
     finally:
@@ -643,6 +707,8 @@ def main(argv=None) -> int:
         print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}{tag}")
     accuracy = r["float_epochs_accuracy"] if args.qat else r["accuracy"]
     over = "" if group is None else f", data-parallel over {group.world} processes"
+    if args.dtype != "float32" or args.math != "strict":
+        over += f", GRU in {args.dtype} with math={args.math}"
     print(f"device {r['device']}{over}: held-out accuracy {accuracy:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "

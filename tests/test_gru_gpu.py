@@ -212,6 +212,77 @@ def test_repeated_calls_give_the_same_bits(cp, rng, monkeypatch, plain):
         cp.testing.assert_array_equal(a, b)
 
 
+class _CountingGraphs(_device.GraphCache):
+    """Loop.replay's cache, counting what it answers: eager issues, captures, launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {"eager": 0, "capture": 0, "launch": 0}
+
+    def get(self, key):
+        got = super().get(key)
+        self.counts[got if got in (_device.EAGER, _device.CAPTURE) else "launch"] += 1
+        return got
+
+
+@pytest.mark.parametrize("shape,lengths", [((20, 64, 32, 256, True), False),
+                                           ((7, 3, 5, 9, False), True),
+                                           ((12, 16, 40, 512, False), False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_repeated_per_step_calls_replay_a_graph_with_the_eager_bits(cp, rng, monkeypatch,
+                                                                    shape, lengths, dtype):
+    """The per-step path's recurrence runs eagerly on a call's first sighting, is captured
+    into a CUDA graph on its second and is that graph's launch after (Loop.replay): in a
+    loop of train steps (CuPy's pool hands each step the buffers of the one before) every
+    step gives the bits of steps with graphs off, in inference too; the graph reads the
+    buffers at launch (new weights in the same buffers give their own results); on another
+    stream too."""
+    p = to_gpu(cp, problem(rng, *shape, dtype=dtype, lengths=lengths))
+    w2 = cp.asarray(rng.uniform(-0.1, 0.1, p["w_hh"].shape).astype(dtype))
+    w1 = p["w_hh"].copy()
+
+    def steps(n, training=True):
+        outs = []
+        for _ in range(n):
+            if training:
+                got = run(p, path="steps")
+            else:
+                got = cugru.gru_forward(p["x"], p["h0"], *weights(p), training=False,
+                                        bidirectional=p["bidirectional"], path="steps",
+                                        lengths=p.get("lengths"))[:2]
+            outs.append([cp.asnumpy(a) for a in got])
+            del got
+        return outs
+
+    monkeypatch.setattr(_device, "GRAPHS", False)
+    eager = steps(1)[0]
+    eager_inference = steps(1, training=False)[0]
+    p["w_hh"][...] = w2
+    eager2 = steps(1)[0]
+    p["w_hh"][...] = w1
+    monkeypatch.setattr(_device, "GRAPHS", True)
+    graphs = _CountingGraphs()
+    monkeypatch.setattr(_device, "_GRAPHS", graphs)
+
+    def same(outs, want):
+        for got in outs:
+            for name, a, b in zip(OUT_NAMES, got, want):
+                np.testing.assert_array_equal(a, b, err_msg=name)
+    same(steps(4), eager)
+    # (forward and backward: eager, captured, then launched twice)
+    assert graphs.counts == {"eager": 2, "capture": 2, "launch": 4}, graphs.counts
+    same(steps(3, training=False), eager_inference)
+    assert graphs.counts["launch"] == 5, graphs.counts
+    p["w_hh"][...] = w2
+    same(steps(1), eager2)
+    assert graphs.counts["launch"] == 7, graphs.counts
+    p["w_hh"][...] = w1
+    with cp.cuda.Stream(non_blocking=True) as other:
+        same(steps(3), eager)
+    other.synchronize()
+    assert graphs.counts["launch"] == 9, graphs.counts
+
+
 def test_reused_temporaries_give_the_bits_of_fresh_ones(cp, rng, monkeypatch):
     """Small calls keep their temporaries between calls (cugru._device.scratch): two
     problems of one shape in turn, again, and on another stream give the bits that calls

@@ -16,7 +16,7 @@ import types
 import numpy as np
 import pytest
 
-from cugru import _catalog, _device, _passes, oracle, plans
+from cugru import _args, _catalog, _device, _passes, oracle, plans
 from cugru.saved import GruSaved
 from cukernels import runtime
 from gru_cases import problem, weights
@@ -54,6 +54,7 @@ class HostLoop:
     """_device.Loop's interface, computed with numpy on raw addresses; with math="tf32" its
     products round their inputs to TF32 first. `made` lists the math of each loop made."""
     made: list = []
+    keys: list = []     # (the keys of Loop.replay's calls)
 
     def __init__(self, dtype, plain=False, math="strict"):
         self.dtype = np.dtype(dtype)
@@ -91,6 +92,52 @@ class HostLoop:
             args[step_arg] = step
             kern(grid, block, 0, False, **args)
         return launch
+
+    def bind(self):
+        pass
+
+    def replay(self, key, issue):
+        """Issues the calls on a KeyedLoop: each must touch only buffers that `key` names
+        (what Loop.replay's CUDA graph may be launched on)."""
+        HostLoop.keys.append(key)
+        issue(KeyedLoop(self, key))
+
+
+def _key_buffers(key):
+    """The (address, bytes) of every buffer a graph_key names."""
+    if isinstance(key, tuple):
+        if len(key) == 3 and key[0] == "buffer":
+            return [key[1:]]
+        return [b for item in key for b in _key_buffers(item)]
+    return []
+
+
+class KeyedLoop(HostLoop):
+    """A HostLoop whose products and launches fail on an address outside the buffers of
+    a replay's key."""
+
+    def __init__(self, loop, key):
+        self.dtype, self.math = loop.dtype, loop.math
+        self.buffers = _key_buffers(key)
+
+    def _named(self, address, nbytes):
+        assert any(a <= address and address + nbytes <= a + n for a, n in self.buffers), \
+            (address, nbytes, self.buffers)
+
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+        it = self.dtype.itemsize
+        for address, ld, cols, rows, stride in ((A, lda, *((m, k) if transa else (k, m)), sA),
+                                                (B, ldb, *((k, n) if transb else (n, k)), sB),
+                                                (C, ldc, n, m, sC)):
+            # (column-major: `cols` columns of `rows` elements, ld apart; per batch item)
+            self._named(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * it)
+        super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch)
+
+    def kernel(self, kern, grid, block, args, step_arg):
+        for value in args.values():
+            if isinstance(value, np.ndarray):
+                self._named(value.ctypes.data, value.nbytes)
+        return super().kernel(kern, grid, block, args, step_arg)
 
 
 class HostKernel:
@@ -511,6 +558,10 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
     monkeypatch.setattr(_device, "Loop", HostLoop)
+    # (the lengths a device array too, as on the GPU, where the calls name them by address)
+    check_lengths = _args.check_lengths
+    monkeypatch.setattr(_args, "check_lengths", lambda *a: None if (got := check_lengths(*a))
+                        is None else got.view(DevArray))
     # min chunk of 64 rows, so that the chunked weight-gradient sums run here too
     monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 64)
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
@@ -788,6 +839,63 @@ def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
     monkeypatch.setattr(_device, "_SCRATCH", {("gi", (1,), "f", 0, 0, 1): (np.zeros(1),)})
     _device.clear_scratch()
     assert _device._SCRATCH == {}
+
+
+def test_the_per_step_recurrence_replays_touch_only_the_buffers_their_keys_name(
+        host_device, rng):
+    """The per-step path runs each pass's recurrence through Loop.replay, whose CUDA graph
+    is launched again on any call with an equal key: every product and launch of those
+    calls lies inside a buffer the key names (KeyedLoop fails otherwise), and the passes'
+    keys differ. A key without W_hh fails that check."""
+    p = problem(rng, 6, 3, 4, 5, True, lengths=True)
+    dev = host_device
+    HostLoop.keys.clear()
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                              lengths=p["lengths"])
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    _gpu_path_matches(dev, p, (6, 3, 4, 5, 2), plans.STEPS, ref_y, ref_hn, saved, ref)
+    assert len(HostLoop.keys) == 3 and len(set(HostLoop.keys)) == 3
+    graph_key = _device.graph_key
+
+    def without_w_hh(*items):     # (the passes' keys end with W_hh)
+        return graph_key(*items[:-1])
+    _device.graph_key = without_w_hh
+    try:
+        with pytest.raises(AssertionError):
+            _gpu_path_matches(dev, p, (6, 3, 4, 5, 2), plans.STEPS, ref_y, ref_hn, saved, ref)
+    finally:
+        _device.graph_key = graph_key
+
+
+def test_graph_key_names_buffers_by_address_and_size():
+    a = np.zeros((2, 3), np.float32).view(DevArray)
+    key = _device.graph_key("pass", a, {"b": 2, "a": a[1]}, [None, np.float32(0.5)], True)
+    assert key == ("pass", ("buffer", a.data.ptr, 24),
+                   (("a", ("buffer", a.data.ptr + 12, 12)), ("b", 2)), (None, 0.5), True)
+    assert _device.graph_key(a) != _device.graph_key(a[:1])
+    with pytest.raises(TypeError, match="graph_key takes"):
+        _device.graph_key(np.zeros(2))      # (a host array: no device address)
+
+
+def test_graph_cache_runs_eager_then_captures_then_replays_and_forgets_the_oldest(
+        monkeypatch):
+    monkeypatch.setattr(_device, "GRAPH_ENTRIES", 2)
+    monkeypatch.setattr(_device, "GRAPH_SEEN", 3)
+    cache = _device.GraphCache()
+    E, C = _device.EAGER, _device.CAPTURE
+    assert cache.get("a") == E and cache.get("a") == C
+    cache.put("a", "graph a")
+    assert cache.get("a") == "graph a" and cache.get("a") == "graph a"
+    for k in "bc":
+        assert cache.get(k) == E and cache.get(k) == C
+        cache.put(k, f"graph {k}")
+    assert cache.get("a") == E               # (the oldest graph went when c's came)
+    assert cache.get("b") == "graph b" and cache.get("c") == "graph c"
+    for k in "defg":                         # (the keys seen once: at most GRAPH_SEEN)
+        assert cache.get(k) == E
+    assert cache.get("a") == E and cache.get("g") == C
+    cache.clear()
+    assert cache.get("b") == E
 
 
 def test_auto_takes_the_small_path_within_its_limits(monkeypatch):

@@ -7,12 +7,13 @@ float32 call on the same values with each result rounded once, on every path; th
 call is checked against the oracle by test_gru_gpu.py. So the GPU path keeps the numpy
 path's rule (tests/test_gru_half.py) and the two differ only where their float32 results do.
 
-math="tf32": within a tolerance derived from TF32's unit roundoff (2^-11, against float32's
+math="tf32" (float32 data): within a tolerance derived from TF32's unit roundoff (2^-11, against float32's
 2^-24): the float32 oracle's error against the float64 oracle, scaled by the ratio of the
 two, twice, plus a floor of 4 TF32 units of the result's scale; on every result it must
 reject an error of 2.5% of the result's scale (PLANTED), so it is no blanket pass. The call must also differ from math="strict" where cuBLAS' products
 are large (the mode took effect), leave the cuBLAS handle's math mode as it found it, and
-repeat its bits.
+repeat its bits. On half-precision data it is the float32 call with math="tf32", rounded
+once, bit for bit.
 """
 import numpy as np
 import pytest
@@ -128,6 +129,30 @@ def test_a_half_call_is_the_float32_call_rounded_once(cp, poison, rng, T, B, I, 
     assert saved.x.dtype == dtype and saved.w_hh.dtype == dtype
 
 
+@pytest.mark.parametrize("path", ["steps", "fast"])
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+def test_a_half_call_with_tf32_is_the_float32_tf32_call_rounded_once(cp, poison, rng, dtype,
+                                                                    path):
+    """math="tf32" on half-precision data: the float32 pass with math="tf32" on the same
+    values, each result rounded once (so its accuracy is the float32 TF32 call's, checked by
+    test_tf32_within_its_tolerance_and_not_strict, and one rounding); on products this
+    large it differs from math="strict"."""
+    p = _cast(problem(rng, 8, 64, 300, 300, True), dtype)
+    g = _gpu(cp, p)
+    ours, saved = _call(g, path, math="tf32")
+    assert saved.math == "tf32"
+    wide, _ = _call(_gpu(cp, _cast(p, np.float32)), path, math="tf32")
+    strict, _ = _call(g, path)
+    differs = False
+    for name, a, b, s in zip(OUT_NAMES, ours, wide, strict):
+        assert a.dtype == dtype, name
+        bits = _half_bits(cp.asnumpy(a))
+        np.testing.assert_array_equal(bits, _half_bits(cp.asnumpy(b).astype(dtype)),
+                                      err_msg=name)
+        differs |= not np.array_equal(bits, _half_bits(cp.asnumpy(s)))
+    assert differs, "math='tf32' on half data gave the bits of math='strict'"
+
+
 @pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
 def test_half_calls_with_lengths_inference_and_two_dimensional_weights(cp, poison, rng,
                                                                        dtype):
@@ -176,8 +201,10 @@ def test_bad_precision_combinations_are_errors_naming_them(cp, rng):
     w = list(weights(p))
     with pytest.raises(TypeError, match="w_hh has dtype float32, expected float16"):
         cugru.gru_forward(p["x"], None, w[0], w[1].astype(np.float32), w[2], w[3])
-    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
-        cugru.gru_forward(p["x"], None, *w, math="tf32")
+    with pytest.raises(TypeError, match="math='tf32' takes float32, float16 or bfloat16 "
+                                        "data, x is float64"):
+        cugru.gru_forward(p["x"].astype(np.float64), None, *[a.astype(np.float64) for a in w],
+                          math="tf32")
     with pytest.raises(ValueError, match="math must be one of"):
         cugru.gru_forward(p["x"].astype(np.float32), None, *[a.astype(np.float32) for a in w],
                           math="fp16")

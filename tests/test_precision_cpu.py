@@ -37,14 +37,31 @@ def test_tf32_on_numpy_is_strict_recorded_and_checked(rng):
     with pytest.raises(ValueError, match="math must be one of"):
         cugru.gru_backward(p["dy"], p["dh_n"], tf32[2], math="TF32")
     d = {k: (v.astype(np.float64) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
-    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float64"):
+    with pytest.raises(TypeError, match="math='tf32' takes float32, float16 or bfloat16 "
+                                        "data, x is float64"):
         cugru.gru_forward(d["x"], d["h0"], *weights(d), bidirectional=True, math="tf32")
-    h = {k: (v.astype(np.float16) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
-    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
-        cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True, math="tf32")
-    _, _, saved16 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
-    with pytest.raises(TypeError, match="math='tf32' takes float32 data, x is float16"):
-        cugru.gru_backward(h["dy"], None, saved16, math="tf32")
+    _, _, saved64 = cugru.gru_forward(d["x"], d["h0"], *weights(d), bidirectional=True)
+    with pytest.raises(TypeError, match="x is float64"):
+        cugru.gru_backward(d["dy"], None, saved64, math="tf32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tf32_on_half_data_is_taken_and_strict_on_numpy(rng, dtype):
+    """Half-precision data takes math="tf32" (its values are exact in TF32); the numpy
+    path computes it strict: the bits of math="strict", the math recorded."""
+    from cugru._args import HALF_DTYPES
+    dt = next((d for d in HALF_DTYPES if d.name == dtype), None)
+    if dt is None:
+        pytest.skip(f"{dtype} needs ml_dtypes")
+    h = {k: (v.astype(dt) if isinstance(v, np.ndarray) else v)
+         for k, v in problem(rng, 4, 3, 5, 6, True).items()}
+    strict = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
+    tf32 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True, math="tf32")
+    assert tf32[2].math == "tf32"
+    for a, b in zip(strict[:2] + cugru.gru_backward(h["dy"], None, strict[2]),
+                    tf32[:2] + cugru.gru_backward(h["dy"], None, tf32[2])):
+        assert a.dtype == dt
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
 
 
 def test_the_conversions_positional_parameters_are_their_declarations():

@@ -72,6 +72,33 @@ def test_training_lowers_the_loss_with_every_optimizer(optimizer):
     assert r["seconds"] >= sum(r["epoch_seconds"])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mixed_precision_learns_and_rounds_the_gru_s_data(dtype):
+    """--dtype float16 / bfloat16: the GRU on rounded copies of float32 weights learns as
+    float32 does, and its losses are not float32's (the rounding took effect)."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    ours = train.train("cpu", epochs=2, hidden=16, progress=False, dtype=dtype)
+    f32 = train.train("cpu", epochs=2, hidden=16, progress=False)
+    assert ours["accuracy"] > 0.6 and abs(ours["accuracy"] - f32["accuracy"]) <= 0.05
+    a, b = np.array(ours["batch_losses"]), np.array(f32["batch_losses"])
+    assert not np.array_equal(a, b)
+    np.testing.assert_allclose(a[:20], b[:20], rtol=0.05)
+    assert all(p.w.dtype == np.float32 for p in ours["model"].params.values())
+
+
+def test_tf32_on_the_cpu_trains_the_strict_bits_and_bad_pairs_are_errors(capsys):
+    strict = train.train("cpu", epochs=1, hidden=8, progress=False)
+    tf32 = train.train("cpu", epochs=1, hidden=8, progress=False, math="tf32")
+    assert strict["batch_losses"] == tf32["batch_losses"]
+    with pytest.raises(ValueError, match="--qat trains in float32"):
+        train.train("cpu", epochs=1, hidden=8, progress=False, qat_epochs=1, dtype="float16")
+    with pytest.raises(ValueError, match="math must be one of"):
+        train.train("cpu", epochs=1, hidden=8, progress=False, math="fp8")
+    assert "--dtype" in _error(capsys, ["--qat", "--dtype", "bfloat16", "--plot", ""])
+    assert "--math" in _error(capsys, ["--math", "fast", "--plot", ""])
+
+
 def test_training_is_repeatable():
     a = train.train("cpu", epochs=1, hidden=8, progress=False)
     b = train.train("cpu", epochs=1, hidden=8, progress=False)
@@ -216,6 +243,21 @@ def test_gpu_run_follows_the_cpu_loss_curve():
     # float32 on both sides; only rounding differs (and grows slowly over the steps)
     np.testing.assert_allclose(b, a, rtol=1e-3)
     assert abs(gpu["accuracy"] - cpu["accuracy"]) <= 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", [("float16", "strict"), ("bfloat16", "strict"),
+                                        ("float32", "tf32"), ("float16", "tf32")])
+def test_a_gpu_run_in_another_precision_follows_the_cpu_run(dtype, math):
+    """The GPU's mixed precision and TF32 against the CPU run of the same dtype (which
+    computes strict): the losses agree to the precision's rounding, the accuracy too."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    cpu = train.train("cpu", epochs=1, progress=False, dtype=dtype)
+    gpu = train.train("gpu", epochs=1, progress=False, dtype=dtype, math=math)
+    a, b = np.array(cpu["batch_losses"]), np.array(gpu["batch_losses"])
+    np.testing.assert_allclose(b, a, rtol=3e-2 if dtype == "bfloat16" else 1e-2)
+    assert abs(gpu["accuracy"] - cpu["accuracy"]) <= 0.03
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

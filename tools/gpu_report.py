@@ -393,6 +393,21 @@ def main(argv=None) -> int:
                          f"printed losses, 9 significant digits): relative difference "
                          f"{rel[0]:.1e} after epoch 1, at most {max(rel):.1e} over "
                          f"{len(rel)} epochs")
+        # the other precisions (--dtype, --math): the held-out accuracy of each
+        for dev, dtype, math in (("gpu", "float16", "strict"), ("gpu", "bfloat16", "strict"),
+                                 ("gpu", "float32", "tf32"), ("gpu", "float16", "tf32"),
+                                 ("gpu", "bfloat16", "tf32"), ("cpu", "float16", "strict"),
+                                 ("cpu", "bfloat16", "strict")):
+            start = os.path.getsize(log)
+            rc, secs = sh([py, "-m", "cugru.train", "--device", dev, "--no-progress", "--plot",
+                           "", "--dtype", dtype, "--math", math], log, timeout=150)
+            with open(log) as f:
+                f.seek(start)
+                text = f.read().splitlines()
+            last = [ln for ln in text if ln.startswith(f"device {dev}")]
+            lines.append(f"- {dev} with `--dtype {dtype} --math {math}`: "
+                         f"{last[-1] if last else f'failed (exit {rc})'}; wall {secs:.1f} s "
+                         "with start-up")
         # the quantization-aware main job (float epochs, then QAT; the int8 export checked)
         for dev in ("gpu", "cpu"):
             start = os.path.getsize(log)
