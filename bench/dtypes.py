@@ -5,10 +5,12 @@
 
 The precisions (float32 strict is bench.gru's and bench.offtable's):
   tf32      float32 data; ours math="tf32", cuDNN with torch.backends.cudnn.allow_tf32
-  float16   float16 data in both (ours computes in float32, cugru/_half.py)
-  bfloat16  bfloat16 data in both
-  float16+tf32, bfloat16+tf32   that data in both, ours with math="tf32" (cuBLAS' products
-            on tensor cores, as cuDNN's half-precision products are)
+  float16   float16 data in both (ours computes in float32, cugru/_half.py, with the
+            default math for half data, "tf32": cuBLAS' products on tensor cores, as
+            cuDNN's half-precision products are)
+  bfloat16  bfloat16 data in both, likewise
+  float16-strict, bfloat16-strict   that data in both, ours with math="strict" (every
+            product in float32)
 For each shape (S1-S10 by default, the off-table shapes O1-O16 on request) and precision,
 a train step (forward + backward with a given dy) and a forward-only inference pass,
 path="auto", device time (CUDA events around back-to-back calls, bench.timing); ratio =
@@ -31,10 +33,10 @@ from .precision import np_dtype
 from .shapes import SHAPES, id_list, make_problem
 
 #: precision -> (data dtype name, our math=, cuDNN with TF32 allowed)
-PRECISIONS = {"tf32": ("float32", "tf32", True), "float16": ("float16", "strict", False),
-              "bfloat16": ("bfloat16", "strict", False),
-              "float16+tf32": ("float16", "tf32", False),
-              "bfloat16+tf32": ("bfloat16", "tf32", False)}
+PRECISIONS = {"tf32": ("float32", "tf32", True), "float16": ("float16", "tf32", False),
+              "bfloat16": ("bfloat16", "tf32", False),
+              "float16-strict": ("float16", "strict", False),
+              "bfloat16-strict": ("bfloat16", "strict", False)}
 ALL = {**{k: (v, "S1-S10") for k, v in SHAPES.items()}, **OFF_TABLE}
 #: ratio floors per shape, and the geomean goal (cuDNN time / ours)
 FLOOR, GEOMEAN_GOAL = 1.0, 2.0
@@ -77,8 +79,9 @@ def below_floor(rows):
 def markdown(rows):
     out = ["cugru (path='auto') against torch.nn.GRU on cuDNN in the same precision, device "
            "time, ms; ratio = cuDNN / ours. tf32: float32 data, ours math='tf32', cuDNN with "
-           "TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with "
-           "math='strict' (every product in float32), or with math='tf32' (+tf32).", "",
+           "TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with its "
+           "default math for half data, 'tf32', or with math='strict' (-strict: every "
+           "product in float32).", "",
            "| id | T, B, I, H, bi | precision | train: ours | cuDNN | ratio | "
            "inference: ours | cuDNN | ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

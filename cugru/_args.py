@@ -89,8 +89,17 @@ MATHS = ("strict", "tf32")
 _F32_DTYPE = np.dtype(np.float32)
 
 
+def default_math(dtype) -> str:
+    """math=None's meaning for data of `dtype`: "tf32" for float16 and bfloat16 (their
+    values are exact in TF32; cuDNN multiplies them on tensor cores too), else "strict"."""
+    return "tf32" if dtype in HALF_DTYPES else "strict"
+
+
 def check_math(math, dtype):
-    """`math` checked for data of `dtype` (the error names math=)."""
+    """`math` checked for data of `dtype` (the error names math=); None gives
+    default_math(dtype)."""
+    if math is None:
+        return default_math(dtype)
     if math == "strict":
         return math
     if math not in MATHS:

@@ -13,7 +13,7 @@ from ._args import HALF_DTYPES, backward_args, check_math, check_path, compute_d
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None, lengths=None, math="strict"):
+                path="auto", quant=None, lengths=None, math=None):
     """Run a GRU layer over a sequence; torch.nn.GRU's maths and weight layout.
 
     x (T, B, I); h0 (D, B, H) or None (zeros); w_ih (D, 3H, I); w_hh (D, 3H, H);
@@ -37,12 +37,15 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     sequence has T steps.
     dtypes: float32, float64, float16 or bfloat16 (x, h0 and the weights alike). float16
     and bfloat16 compute in float32 from the given values, keep the history in float32 and
-    round each result once (the float32 call's results, rounded).
-    math: "strict" (every product in the data's precision), or "tf32" (float32 data only:
-    cuBLAS' products, the input projection, the per-step path's recurrent products and the
-    backward pass's dx and weight gradients, may round their inputs to TF32 on tensor cores,
-    as torch.nn.GRU does on cuDNN with TF32 allowed; the persistent kernels' recurrence stays
-    in float32). numpy arrays compute strict float32 whatever math says.
+    round each result once.
+    math: "strict" (every product in float32, or float64 for float64 data: a half call
+    then gives the float32 call's results, rounded), or "tf32" (float32, float16 and
+    bfloat16 data: cuBLAS' products, the input projection, the per-step path's recurrent
+    products and the backward pass's dx and weight gradients, may round their float32
+    inputs to TF32 on tensor cores, as cuDNN does with TF32 allowed or half data; half
+    values are exact in TF32, the state is rounded; the persistent kernels' recurrence
+    stays in float32). None (the default): "tf32" for float16 and bfloat16 data, "strict"
+    for float32 and float64. numpy arrays compute strict whatever math says.
     """
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
     check_path(path)

@@ -38,7 +38,7 @@ def _step_order(a, d):
 
 
 def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=True,
-                path="auto", quant=None, lengths=None, math="strict"):
+                path="auto", quant=None, lengths=None, math=None):
     """(y (T, B, D*H), h_n (D, B, H), saved or None) on numpy arrays (`path` picks a GPU
     path and `math` the GPU's products; both are checked, and here every product is
     strict)."""

@@ -37,7 +37,7 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
 
 
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,
-            quant=None, lengths=None, math="strict"):
+            quant=None, lengths=None, math=None):
     """gru_forward on cupy arrays (float32 or float64) with the recurrence on `plan`:
     (y, h_n, saved or None). With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)

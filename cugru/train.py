@@ -55,7 +55,7 @@ import cukernels as ck
 from cukernels import runtime
 
 from . import _dist, _half, gru_backward, gru_forward, qat
-from ._args import HALF_DTYPES, MATHS
+from ._args import HALF_DTYPES, MATHS, default_math
 from .quant import QuantSpec
 
 OPTIMIZERS = ("sgd", "momentum", "adagrad", "rmsprop", "adadelta", "adam")
@@ -162,7 +162,7 @@ class Model:
     GRU_PARAMS = ("w_ih", "w_hh", "b_ih", "b_hh")
 
     def __init__(self, xp, rng, n_features, hidden, n_classes, dtype=np.float32,
-                 gru_dtype=None, math="strict"):
+                 gru_dtype=None, math=None):
         self.xp, self.hidden = xp, hidden
         self.quant = None                  # a QuantSpec: quantization-aware passes
         # the GRU's data type where it is not the weights' (mixed precision), and its math=
@@ -338,16 +338,16 @@ def gru_dtype_of(name):
 
 def train(device="auto", optimizer="adam", epochs=15, hidden=64, batch=32, lr=None, seed=0,
           data=None, progress=True, qat_epochs=0, freeze_epochs=2, group=None, dog=None,
-          dtype="float32", math="strict"):
+          dtype="float32", math=None):
     """Train and evaluate; returns a dict with the history, accuracy, timings and model.
     With qat_epochs, quantization-aware epochs follow (see the module's doc). `group` (a
     cugru._dist.Group): data-parallel, this process training on its slice of every batch
     (batch / processes rows), the loss and the gradients summed over the processes before
     each step. `dog` (a cugru._dist.Watchdog) is told of every step and evaluation.
     `dtype` (DTYPES): the GRU's data type, float16 and bfloat16 in mixed precision; `math`:
-    its math= (cugru._args.MATHS)."""
+    its math= (cugru._args.MATHS; None: cugru's default for the dtype)."""
     gru_dtype = gru_dtype_of(dtype)
-    if math not in MATHS:
+    if math is not None and math not in MATHS:
         raise ValueError(f"math must be one of {MATHS}, got {math!r}")
     if qat_epochs and gru_dtype is not None:
         raise ValueError(f"--qat trains in float32; --dtype {dtype} cannot go with it")
@@ -588,9 +588,10 @@ def parser():
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="the GRU's data type: float16 and bfloat16 train in mixed precision "
                          "(float32 weights, the GRU on their rounded copies)")
-    ap.add_argument("--math", choices=MATHS, default="strict",
+    ap.add_argument("--math", choices=MATHS, default=None,
                     help="the GRU's math=: tf32 lets its cuBLAS products round their inputs "
-                         "to TF32 on the GPU")
+                         "to TF32 on the GPU (default: tf32 for float16 and bfloat16, strict "
+                         "for float32)")
     ap.add_argument("--qat", action="store_true",
                     help="quantization-aware epochs after the float ones (8-bit weights, x, "
                          "the state and the gates fake-quantized)")
@@ -707,8 +708,11 @@ def main(argv=None) -> int:
         print(f"epoch {epoch:3d}  loss {loss:.9g}  held-out accuracy {acc:.3f}{tag}")
     accuracy = r["float_epochs_accuracy"] if args.qat else r["accuracy"]
     over = "" if group is None else f", data-parallel over {group.world} processes"
-    if args.dtype != "float32" or args.math != "strict":
-        over += f", GRU in {args.dtype} with math={args.math}"
+    if args.dtype != "float32" or args.math is not None:
+        maths = default_math(np.dtype(np.float32) if r["model"].gru_dtype is None
+                             else r["model"].gru_dtype) if args.math is None else args.math
+        over += f", GRU in {args.dtype} with math={maths}" + (
+            " (computed strict on the CPU)" if r["device"] == "cpu" and maths == "tf32" else "")
     print(f"device {r['device']}{over}: held-out accuracy {accuracy:.3f} after {args.epochs} "
           f"epochs ({args.optimizer}), {r['seconds_per_epoch'] * 1e3:.0f} ms per epoch "
           f"(median after the first, which took {r['epoch_seconds'][0] * 1e3:.0f} ms), "

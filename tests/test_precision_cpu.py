@@ -47,17 +47,22 @@ def test_tf32_on_numpy_is_strict_recorded_and_checked(rng):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tf32_on_half_data_is_taken_and_strict_on_numpy(rng, dtype):
-    """Half-precision data takes math="tf32" (its values are exact in TF32); the numpy
-    path computes it strict: the bits of math="strict", the math recorded."""
+    """Half-precision data takes math="tf32" (its values are exact in TF32), its default
+    (float32's is "strict"); the numpy path computes it strict: the bits of
+    math="strict", the math recorded."""
     from cugru._args import HALF_DTYPES
     dt = next((d for d in HALF_DTYPES if d.name == dtype), None)
     if dt is None:
         pytest.skip(f"{dtype} needs ml_dtypes")
     h = {k: (v.astype(dt) if isinstance(v, np.ndarray) else v)
          for k, v in problem(rng, 4, 3, 5, 6, True).items()}
-    strict = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
-    tf32 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True, math="tf32")
-    assert tf32[2].math == "tf32"
+    strict = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True,
+                               math="strict")
+    tf32 = cugru.gru_forward(h["x"], h["h0"], *weights(h), bidirectional=True)
+    assert tf32[2].math == "tf32" and strict[2].math == "strict"     # (tf32: the default)
+    f32 = {k: (v.astype(np.float32) if isinstance(v, np.ndarray) else v) for k, v in h.items()}
+    assert cugru.gru_forward(f32["x"], None, *weights(f32),
+                             bidirectional=True)[2].math == "strict"
     for a, b in zip(strict[:2] + cugru.gru_backward(h["dy"], None, strict[2]),
                     tf32[:2] + cugru.gru_backward(h["dy"], None, tf32[2])):
         assert a.dtype == dt
