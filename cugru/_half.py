@@ -5,14 +5,15 @@ sum over every step and row. So a half-precision call gives, bit for bit, the fl
 on the same values with its results rounded once, on whichever plan runs it.
 
 What it costs beside the float32 pass: in each pass one launch that widens its inputs into
-one float32 allocation (the backward pass widens x and the weights again: the history keeps
-them as given) and one that rounds its results into one allocation of the data's dtype
-(gru_cast.cu; up to CAST_ARRAYS arrays a launch), and the float32 copies for the length of
-the call.
+float32 arrays (the backward pass widens x and the weights again: the history keeps them as
+given) and one that rounds its results into arrays of the data's dtype (gru_cast.cu; up to
+CAST_ARRAYS arrays a launch), and the float32 copies for the length of the call. The host's
+part is kept short (a half-precision call on a small shape waits on the host): the float32
+copies are the pass's temporaries (dev.scratch: kept between calls on small shapes, one
+allocation each otherwise), each rounded result an allocation of its own, and the launch's
+values packed as addresses.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
@@ -24,51 +25,51 @@ _F32 = np.dtype(np.float32)
 #: threads per block of the conversions, and the most blocks (they loop over the rest)
 CAST_THREADS = 256
 CAST_MAX_BLOCKS = 1024
-#: each array's place in a conversion's one allocation starts on this many bytes (the
-#: alignment CuPy gives its own arrays; the kernels' 16-byte loads need at least 16)
-CAST_ALIGN = 256
 #: gru_cast.cu's parameters, in order (checked against the CUDA declaration)
 CAST_PARAMS = tuple(f"{k}{i}" for k in ("in", "out", "n") for i in range(cat.CAST_ARRAYS))
 
 
+#: the conversions' format of each half-precision dtype (filled on first use)
+_FORMATS: dict = {}
+
+
 def _format(dtype):
-    name = np.dtype(dtype).name
-    if name not in cat.HALF_FORMATS:
-        raise TypeError(f"cugru's GPU conversions take {cat.HALF_FORMATS}, got {name}")
-    return name
+    fmt = _FORMATS.get(dtype)
+    if fmt is None:
+        name = np.dtype(dtype).name
+        if name not in cat.HALF_FORMATS:
+            raise TypeError(f"cugru's GPU conversions take {cat.HALF_FORMATS}, got {name}")
+        fmt = _FORMATS[np.dtype(dtype)] = name
+    return fmt
 
 
-def convert(kernel_name, arrays, dtype):
+def convert(kernel_name, arrays, dtype, temporaries=None):
     """Each of `arrays` (C-contiguous cupy arrays, or None) converted to `dtype` by the
-    gru_cast.cu kernel `kernel_name`: new arrays (None stays None), views of one
-    allocation, each on a CAST_ALIGN boundary; up to CAST_ARRAYS arrays per launch."""
-    it = np.dtype(dtype).itemsize
-    step = CAST_ALIGN // it
-    offsets, total = [], 0
-    for a in arrays:
-        offsets.append(total)
-        if a is not None:
-            total += -(-a.size // step) * step
-    flat = dev.outputs(dtype, (max(total, 1),))[0]
-    outs = [None if a is None else flat[o:o + a.size].reshape(a.shape)
-            for a, o in zip(arrays, offsets)]
+    gru_cast.cu kernel `kernel_name`: new arrays (None stays None), or with `temporaries`
+    (a name for dev.scratch) a pass's temporaries, kept for the next call on small shapes;
+    up to CAST_ARRAYS arrays per launch."""
+    shapes = [a.shape for a in arrays if a is not None]
+    made = iter(dev.scratch(temporaries, dtype, *shapes) if temporaries
+                else dev.outputs(dtype, *shapes))
+    outs = [None if a is None else next(made) for a in arrays]
     kern = dev.kernel("gru_cast.cu", kernel_name, CAST_PARAMS)
     n = cat.CAST_ARRAYS
     pairs = [(a, b) for a, b in zip(arrays, outs) if a is not None and a.size]
     for first in range(0, len(pairs), n):
         part = pairs[first:first + n]
-        part += [(None, None)] * (n - len(part))
-        most = max(0 if a is None else a.size for a, _ in part)
-        kern.launch_args((min(-(-most // CAST_THREADS), CAST_MAX_BLOCKS),), (CAST_THREADS,),
-                         [a for a, _ in part] + [b for _, b in part]
-                         + [0 if a is None else a.size for a, _ in part])
+        pad = [0] * (n - len(part))
+        most = max(a.size for a, _ in part)
+        kern.launch_1d(min(-(-most // CAST_THREADS), CAST_MAX_BLOCKS), CAST_THREADS,
+                       [a.data.ptr for a, _ in part] + pad + [b.data.ptr for _, b in part]
+                       + pad + [a.size for a, _ in part] + pad)
     return outs
 
 
-def widen(*arrays):
-    """float32 copies of float16 or bfloat16 cupy arrays (one dtype; None stays None)."""
+def widen(*arrays, temporaries=None):
+    """float32 copies of float16 or bfloat16 cupy arrays (one dtype; None stays None); a
+    pass's temporaries where `temporaries` names them (convert)."""
     fmt = _format(next(a for a in arrays if a is not None).dtype)
-    return convert(cat.widen(fmt), arrays, _F32)
+    return convert(cat.widen(fmt), arrays, _F32, temporaries)
 
 
 def narrow(dtype, *arrays):
@@ -81,11 +82,13 @@ def forward(a, plan, math):
     """The forward pass of checked half-precision arguments `a` on `plan` (chosen for
     float32): (y, h_n, GruSaved or None). The history is float32; x and the weights are kept
     as given."""
-    x, h0, w_ih, w_hh, b_ih, b_hh = widen(a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh)
+    # (the float32 copies are the pass's temporaries: neither returned nor kept in `saved`)
+    x, h0, w_ih, w_hh, b_ih, b_hh = widen(a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh,
+                                          temporaries="half forward")
     wide = a._replace(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     y, h_n, saved = _passes.forward(wide, plan, math)
     if saved is not None:
-        saved = dataclasses.replace(saved, x=a.x, w_ih=a.w_ih, w_hh=a.w_hh)
+        saved = saved.with_inputs(a.x, a.w_ih, a.w_hh)
     y, h_n = narrow(a.x.dtype, y, h_n)
     return y, h_n, saved
 
@@ -93,6 +96,7 @@ def forward(a, plan, math):
 def backward(dy, dh_n, saved, plan, math):
     """The backward pass of a half-precision forward pass's `saved` on `plan`: dx, dh0 and
     the weight gradients, in the data's dtype."""
-    dy32, dh_n32, x, w_ih, w_hh = widen(dy, dh_n, saved.x, saved.w_ih, saved.w_hh)
-    wide = dataclasses.replace(saved, x=x, w_ih=w_ih, w_hh=w_hh)
+    dy32, dh_n32, x, w_ih, w_hh = widen(dy, dh_n, saved.x, saved.w_ih, saved.w_hh,
+                                        temporaries="half backward")
+    wide = saved.with_inputs(x, w_ih, w_hh)
     return tuple(narrow(saved.x.dtype, *_passes.backward(dy32, dh_n32, wide, plan, math)))

@@ -39,6 +39,14 @@ class GruSaved:
     lengths: object = None  # the sequences' lengths (B,), or None: every step ran
     math: str = "strict"   # the forward pass's math (gru_backward's default)
 
+    def with_inputs(self, x, w_ih, w_hh):
+        """A copy with other inputs of the products (dataclasses.replace without its
+        per-field work: the half-precision calls make one a pass)."""
+        new = object.__new__(GruSaved)
+        new.__dict__.update(self.__dict__)
+        new.x, new.w_ih, new.w_hh = x, w_ih, w_hh
+        return new
+
     @property
     def dims(self):
         """(T, B, I, H, D)"""

@@ -287,13 +287,15 @@ def test_repeated_per_step_calls_replay_a_graph_with_the_eager_bits(cp, rng, mon
     assert graphs.counts["launch"] > launched, graphs.counts
 
 
-def test_reused_temporaries_give_the_bits_of_fresh_ones(cp, rng, monkeypatch):
-    """Small calls keep their temporaries between calls (cugru._device.scratch): two
-    problems of one shape in turn, again, and on another stream give the bits that calls
-    with fresh temporaries give."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_reused_temporaries_give_the_bits_of_fresh_ones(cp, rng, monkeypatch, dtype):
+    """Small calls keep their temporaries between calls (cugru._device.scratch; float16
+    data's float32 copies too): two problems of one shape in turn, again, and on another
+    stream give the bits that calls with fresh temporaries give."""
     from cugru import _device
     shape = (7, 3, 5, 9, True)
-    probs = [to_gpu(cp, problem(rng, *shape, dtype=np.float32)) for _ in range(2)]
+    probs = [to_gpu(cp, cast(problem(rng, *shape, dtype=np.float32), dtype))
+             for _ in range(2)]
     for path in ("steps", "fast"):
         reused = [run(g, path=path) for g in probs + probs]
         with cp.cuda.Stream() as other:

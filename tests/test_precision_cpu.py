@@ -80,3 +80,96 @@ def test_the_conversions_positional_parameters_are_their_declarations():
         kinds = [k for _, k in sigs[name]]
         A = _catalog.CAST_ARRAYS
         assert kinds == ["ptr"] * (2 * A) + ["i64"] * A
+
+
+def test_the_conversions_pack_each_array_pointer_and_size_in_the_declared_order(monkeypatch):
+    """_half.convert on host stand-ins: a model of gru_cast.cu's kernels reads every
+    launch's values by the declared order (in0..in5, out0..out5, n0..n5; a zero size ends
+    the unused ones) and converts through raw addresses. Eight arrays and a None take two
+    launches; each result is its input widened (then rounded back), None stays None, an
+    empty array gives an empty result, and no launch exceeds the grid's cap."""
+    import ctypes
+    import types
+
+    from cugru import _catalog, _device, _half
+
+    class Addressed(np.ndarray):
+        @property
+        def data(self):
+            return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    sizes = {}        # (every array's address -> bytes: the model reads no further)
+
+    def known(a):
+        sizes[a.data.ptr] = a.nbytes
+        return a
+
+    def at(address, n, ctype):
+        assert n * ctypes.sizeof(ctype) <= sizes.get(address, 0), "outside every array"
+        return np.ctypeslib.as_array((ctype * n).from_address(address))
+
+    A = _catalog.CAST_ARRAYS
+    launches = []
+
+    class CastModel:
+        def __init__(self, name):
+            self.widen = name.startswith("gru_widen")
+
+        def launch_1d(self, blocks, threads, values):
+            assert len(values) == 3 * A and 1 <= blocks <= _half.CAST_MAX_BLOCKS
+            assert threads == _half.CAST_THREADS
+            launches.append(values)
+            for s in range(A):
+                n = values[2 * A + s]
+                if not n:
+                    continue
+                if self.widen:
+                    src = at(values[s], n, ctypes.c_uint16).view(np.float16)
+                    at(values[A + s], n, ctypes.c_float)[:] = src.astype(np.float32)
+                else:
+                    src = at(values[s], n, ctypes.c_float)
+                    at(values[A + s], n, ctypes.c_uint16)[:] = \
+                        src.astype(np.float16).view(np.uint16)
+
+    monkeypatch.setattr(_device, "kernel", lambda family, name, params=None: CastModel(name))
+    monkeypatch.setattr(_device, "outputs", lambda dt, *shapes: tuple(
+        known(np.full(s, np.nan, dt).view(Addressed)) for s in shapes))
+    named = []        # (the names the temporaries were asked for by)
+    monkeypatch.setattr(_device, "scratch", lambda name, dt, *shapes: (
+        named.append(name), _device.outputs(dt, *shapes))[1])
+    rng = np.random.default_rng(5)
+    halves = [known(rng.standard_normal(s).astype(np.float16).view(Addressed))
+              for s in ((3, 4), (7,), (2, 3, 5), (0, 4), (1,), (6, 2), (9,), (4, 4))]
+    arrays = halves[:3] + [None] + halves[3:]
+    wide = _half.widen(*arrays)
+    assert len(launches) == 2 and wide[3] is None
+    for a, w in zip(arrays, wide):
+        if a is not None:
+            assert w.dtype == np.float32 and w.shape == a.shape
+            np.testing.assert_array_equal(w, a.astype(np.float32))
+    back = _half.narrow(np.float16, *wide)
+    assert len(launches) == 4 and back[3] is None and not named
+    temps = _half.widen(*arrays, temporaries="half forward")
+    assert named == ["half forward"] and temps[3] is None
+    for a, w in zip(arrays, temps):
+        if a is not None:
+            np.testing.assert_array_equal(w, a.astype(np.float32))
+    for a, b in zip(arrays, back):
+        if a is not None:
+            assert b.dtype == np.float16
+            np.testing.assert_array_equal(b.view(np.uint16), a.view(np.uint16))
+
+
+def test_saved_with_inputs_replaces_the_products_inputs_and_keeps_the_rest(rng):
+    """GruSaved.with_inputs (the half-precision passes' copy): x, w_ih and w_hh replaced,
+    every other field the same object, the original unchanged."""
+    import dataclasses
+    p = problem(rng, 3, 2, 4, 5, False)
+    saved = cugru.gru_forward(p["x"], p["h0"], *weights(p), lengths=[3, 2])[2]
+    x, w_ih, w_hh = p["x"] + 1, saved.w_ih + 1, saved.w_hh + 1
+    new = saved.with_inputs(x, w_ih, w_hh)
+    assert type(new) is type(saved) and new is not saved
+    for f in dataclasses.fields(saved):
+        want = {"x": x, "w_ih": w_ih, "w_hh": w_hh}.get(f.name, getattr(saved, f.name))
+        assert getattr(new, f.name) is want, f.name
+    assert saved.x is not x and saved.w_hh is not w_hh

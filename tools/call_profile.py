@@ -165,6 +165,12 @@ def variants(args):
         "checks.check_distinct (4 arrays)": lambda: checks.check_distinct(
             delta_weights=D_, weights=wt, momentum_m=m1, momentum_v=m2),
         "adam_update": lambda: ck.adam_update(D_, wt, m1, m2, 4, 1e-3, t=3),
+        "adam: optim.adam_factors": lambda: optim.adam_factors("standard", 1e-3, 0.9, 0.999, 3),
+        "adam: optim._run (the launch)": lambda: optim._run(
+            "adam_update", "standard", D_, wt, m1, m2, 4, {"learning_rate": 1e-3}),
+        "sgd_update": lambda: ck.sgd_update(D_, wt, 4, 1e-3),
+        "sigmoid: _launch.launch_unary": lambda: _launch.launch_unary(
+            "activations.cu", "sigmoid_activation<float>", v, 1.0, 0.0),
         **({"torch.sigmoid": lambda: torch.sigmoid(tv),
             "torch.empty(64)": lambda: torch.empty(64, device="cuda")} if tv is not None
            else {}),
