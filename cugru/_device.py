@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -307,7 +308,7 @@ EAGER, CAPTURE = "eager", "capture"
 
 class GraphCache:
     """Loop.replay's memory: for a key, EAGER (first seen), CAPTURE (seen once before) or
-    the graph kept for it."""
+    the graph kept for it (EAGER for good after a capture that failed)."""
 
     def __init__(self):
         self.graphs, self.seen = OrderedDict(), OrderedDict()
@@ -343,8 +344,12 @@ _SIDE: dict = {}
 
 
 def clear_graphs() -> None:
-    """Drop the kept graphs and the keys seen."""
+    """Drop the kept graphs and the keys seen (also at cukernels.runtime.rebuild: a graph
+    names the compiled kernels it launches)."""
     _GRAPHS.clear()
+
+
+runtime.on_rebuild(clear_graphs)
 
 
 def _side_stream(cp):
@@ -401,6 +406,7 @@ class Loop:
         self.math = math
         self._gemm = self._scalars = self.handle = self._mode = None   # (set by the first gemm)
         self._math_was = None     # (the handle's math mode before, where the pass changed it)
+        self._math_mode = None    # (the one the pass runs: its flags included)
         self._direct = None
         self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
 
@@ -435,7 +441,7 @@ class Loop:
             self._mode = cb.getPointerMode(self.handle)
             cb.setPointerMode(self.handle, cb.CUBLAS_POINTER_MODE_HOST)
             was = cb.getMathMode(self.handle)
-            want = math_mode(was, self.math)
+            want = self._math_mode = math_mode(was, self.math)
             if want != was:
                 cb.setMathMode(self.handle, want)
                 self._math_was = was
@@ -447,7 +453,7 @@ class Loop:
         direct.check(direct.set_mode(self.handle, cb.CUBLAS_POINTER_MODE_HOST),
                      "setPointerMode")
         direct.check(direct.get_math(self.handle, ctypes.byref(mode)), "getMathMode")
-        want = math_mode(mode.value, self.math)
+        want = self._math_mode = math_mode(mode.value, self.math)
         if want != mode.value:
             direct.check(direct.set_math(self.handle, want), "setMathMode")
             self._math_was = mode.value
@@ -472,22 +478,32 @@ class Loop:
                 or capturing(cp, self.stream):
             issue(self)
             return
-        key = (key, self.dtype.char, self.math, cp.cuda.runtime.getDevice(), self.stream,
-               threading.get_ident())
+        key = (key, self.dtype.char, self._math_mode, cp.cuda.runtime.getDevice(),
+               self.stream, threading.get_ident())
         got = _GRAPHS.get(key)
         if got is EAGER:
             issue(self)
             return
         if got is CAPTURE:
-            got = self._capture(cp, issue)
+            try:
+                got = self._capture(cp, issue)
+            except Exception as e:  # noqa: BLE001 (the calls then run as they are)
+                # (a capture this setting refuses, e.g. a library that allocates while
+                # captured: this key's calls run eagerly from now on; a real error in the
+                # calls raises again below)
+                _GRAPHS.put(key, EAGER)
+                warnings.warn(f"cugru: a CUDA graph capture failed ({e}); these calls run "
+                              "without a graph", RuntimeWarning, stacklevel=3)
+                issue(self)
+                return
             _GRAPHS.put(key, got)
         got.launch(stream)
 
     def _capture(self, cp, issue):
         """``issue``'s calls captured, on a side stream of this device and thread, into an
-        instantiated CUDA graph (cupy.cuda.Graph). The capture is thread-local, so a call
-        that would allocate device memory on this thread meanwhile fails instead of
-        baking the address of a buffer no key names."""
+        instantiated CUDA graph (cupy.cuda.Graph). The capture is thread-local (a
+        cudaMalloc on this thread meanwhile fails rather than joining the graph); the calls
+        allocate nothing: every buffer they touch is in the key."""
         side = _side_stream(cp)
         mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", None)
         try:

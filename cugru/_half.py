@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cukernels.checks import contiguous
+
 from . import _catalog as cat
 from . import _device as dev
 from . import _passes
@@ -43,11 +45,16 @@ def _format(dtype):
     return fmt
 
 
-def convert(kernel_name, arrays, dtype, temporaries=None):
-    """Each of `arrays` (C-contiguous cupy arrays, or None) converted to `dtype` by the
-    gru_cast.cu kernel `kernel_name`: new arrays (None stays None), or with `temporaries`
-    (a name for dev.scratch) a pass's temporaries, kept for the next call on small shapes;
-    up to CAST_ARRAYS arrays per launch."""
+def convert(kernel_name, arrays, source, dtype, temporaries=None):
+    """Each of `arrays` (C-contiguous cupy arrays of dtype `source`, or None) converted to
+    `dtype` by the gru_cast.cu kernel `kernel_name`: new arrays (None stays None), or with
+    `temporaries` (a name for dev.scratch) a pass's temporaries, kept for the next call on
+    small shapes; up to CAST_ARRAYS arrays per launch."""
+    for a in arrays:
+        if a is not None and (a.dtype != source or not contiguous(a)):
+            raise TypeError(f"cugru's conversions take C-contiguous {np.dtype(source).name} "
+                            f"arrays, got a {'' if contiguous(a) else 'strided '}"
+                            f"{a.dtype} array")
     shapes = [a.shape for a in arrays if a is not None]
     made = iter(dev.scratch(temporaries, dtype, *shapes) if temporaries
                 else dev.outputs(dtype, *shapes))
@@ -68,14 +75,14 @@ def convert(kernel_name, arrays, dtype, temporaries=None):
 def widen(*arrays, temporaries=None):
     """float32 copies of float16 or bfloat16 cupy arrays (one dtype; None stays None); a
     pass's temporaries where `temporaries` names them (convert)."""
-    fmt = _format(next(a for a in arrays if a is not None).dtype)
-    return convert(cat.widen(fmt), arrays, _F32, temporaries)
+    source = next(a for a in arrays if a is not None).dtype
+    return convert(cat.widen(_format(source)), arrays, source, _F32, temporaries)
 
 
 def narrow(dtype, *arrays):
     """float32 cupy arrays rounded to `dtype` (float16 or bfloat16): to nearest, ties to
     even (None stays None)."""
-    return convert(cat.narrow(_format(dtype)), arrays, np.dtype(dtype))
+    return convert(cat.narrow(_format(dtype)), arrays, _F32, np.dtype(dtype))
 
 
 def forward(a, plan, math):

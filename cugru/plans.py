@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _device, _passes
-from ._args import backward_args, check_math, forward_args
+from ._args import HALF_DTYPES, backward_args, check_math, forward_args
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
                        TILES, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
@@ -41,7 +41,16 @@ def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, trainin
     """gru_forward on cupy arrays (float32 or float64) with the recurrence on `plan`:
     (y, h_n, saved or None). With `quant` (a QuantSpec), plan with fast_plan(..., qat=True)."""
     a = forward_args(x, h0, w_ih, w_hh, b_ih, b_hh, bidirectional, training, quant, lengths)
+    _float_data(a.x.dtype, "forward")
     return _passes.forward(a, plan, check_math(math, a.x.dtype))
+
+
+def _float_data(dtype, name):
+    """plans' passes run float32 or float64 data (a TypeError naming x otherwise)."""
+    if dtype in HALF_DTYPES:
+        raise TypeError(f"plans.{name} takes float32 or float64 data, x is "
+                        f"{np.dtype(dtype).name}: cugru.gru_forward and gru_backward run "
+                        "half-precision data")
 
 
 def backward_recurrence(dy, dh_n, saved, plan):
@@ -53,6 +62,7 @@ def backward_recurrence(dy, dh_n, saved, plan):
         raise ValueError(f"the {plan.scope} plan runs the whole backward pass in one launch; "
                          "use plans.backward")
     backward_args(dy, dh_n, saved)
+    _float_data(saved.x.dtype, "backward_recurrence")
     p = _passes.BackwardPass(dy, dh_n, saved)
     return p, _passes.run_recurrence(p, plan)
 
@@ -68,6 +78,7 @@ def backward(dy, dh_n, saved, plan, *, math=None):
     """gru_backward on cupy arrays (float32 or float64) with the recurrence on `plan`
     (math=None: the forward pass's)."""
     backward_args(dy, dh_n, saved)
+    _float_data(saved.x.dtype, "backward")
     math = saved.math if math is None else check_math(math, saved.x.dtype)
     return _passes.backward(dy, dh_n, saved, plan, math)
 

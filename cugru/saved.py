@@ -42,7 +42,7 @@ class GruSaved:
     def with_inputs(self, x, w_ih, w_hh):
         """A copy with other inputs of the products (dataclasses.replace without its
         per-field work: the half-precision calls make one a pass)."""
-        new = object.__new__(GruSaved)
+        new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.x, new.w_ih, new.w_hh = x, w_ih, w_hh
         return new

@@ -352,14 +352,27 @@ def kernel(source_name: str, name: str, params: tuple | None = None) -> "Kernel"
     return k
 
 
+_REBUILD_HOOKS: list = []
+
+
+def on_rebuild(hook) -> None:
+    """Call `hook()` at each rebuild: for a package that keeps what holds compiled code
+    (cugru's CUDA graphs name the kernels they launch)."""
+    if hook not in _REBUILD_HOOKS:
+        _REBUILD_HOOKS.append(hook)
+
+
 def rebuild() -> None:
     """Forget compiled modules, kernels, signatures and instance lists (after a tuning script
-    changed a constant that the sources render or that decides the instances)."""
+    changed a constant that the sources render or that decides the instances), and what the
+    packages keep of them (on_rebuild)."""
     _MODULES.clear()
     _KERNELS.clear()
     _SIGNATURES.clear()
     for src in _SOURCES.values():
         src._groups = src._group_of = None
+    for hook in _REBUILD_HOOKS:
+        hook()
 
 
 @dataclass(frozen=True)

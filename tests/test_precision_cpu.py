@@ -109,7 +109,7 @@ def test_the_conversions_pack_each_array_pointer_and_size_in_the_declared_order(
         return np.ctypeslib.as_array((ctype * n).from_address(address))
 
     A = _catalog.CAST_ARRAYS
-    launches = []
+    launches, blocks_seen = [], []
 
     class CastModel:
         def __init__(self, name):
@@ -119,6 +119,7 @@ def test_the_conversions_pack_each_array_pointer_and_size_in_the_declared_order(
             assert len(values) == 3 * A and 1 <= blocks <= _half.CAST_MAX_BLOCKS
             assert threads == _half.CAST_THREADS
             launches.append(values)
+            blocks_seen.append(blocks)
             for s in range(A):
                 n = values[2 * A + s]
                 if not n:
@@ -139,16 +140,23 @@ def test_the_conversions_pack_each_array_pointer_and_size_in_the_declared_order(
         named.append(name), _device.outputs(dt, *shapes))[1])
     rng = np.random.default_rng(5)
     halves = [known(rng.standard_normal(s).astype(np.float16).view(Addressed))
-              for s in ((3, 4), (7,), (2, 3, 5), (0, 4), (1,), (6, 2), (9,), (4, 4))]
+              for s in ((3, 4), (7,), (2, 3, 5), (0, 4), (1,), (6, 2), (300_000,), (4, 4))]
     arrays = halves[:3] + [None] + halves[3:]
     wide = _half.widen(*arrays)
     assert len(launches) == 2 and wide[3] is None
+    assert _half.CAST_MAX_BLOCKS in blocks_seen      # (300 000 elements: the grid's cap)
     for a, w in zip(arrays, wide):
         if a is not None:
             assert w.dtype == np.float32 and w.shape == a.shape
             np.testing.assert_array_equal(w, a.astype(np.float32))
     back = _half.narrow(np.float16, *wide)
     assert len(launches) == 4 and back[3] is None and not named
+    with pytest.raises(TypeError, match="float16 arrays, got a float32"):
+        _half.widen(halves[0], wide[1])
+    with pytest.raises(TypeError, match="float32 arrays, got a float16"):
+        _half.narrow(np.float16, wide[0], halves[1])
+    with pytest.raises(TypeError, match="strided"):
+        _half.widen(halves[0], halves[7][:, ::2])
     temps = _half.widen(*arrays, temporaries="half forward")
     assert named == ["half forward"] and temps[3] is None
     for a, w in zip(arrays, temps):
@@ -173,3 +181,31 @@ def test_saved_with_inputs_replaces_the_products_inputs_and_keeps_the_rest(rng):
         want = {"x": x, "w_ih": w_ih, "w_hh": w_hh}.get(f.name, getattr(saved, f.name))
         assert getattr(new, f.name) is want, f.name
     assert saved.x is not x and saved.w_hh is not w_hh
+
+
+def test_plans_passes_refuse_half_precision_data_naming_x(rng):
+    """cugru.plans runs float32 and float64 data on a given plan; half data is an error
+    that names x and points to gru_forward (not a KeyError from inside)."""
+    from cugru import plans
+    p = {k: (v.astype(np.float16) if isinstance(v, np.ndarray) else v)
+         for k, v in problem(rng, 3, 2, 4, 5, False).items()}
+    with pytest.raises(TypeError, match="x is float16.*gru_forward"):
+        plans.forward(p["x"], p["h0"], *weights(p), plans.STEPS)
+    saved = cugru.gru_forward(p["x"], p["h0"], *weights(p))[2]
+    for call in (lambda: plans.backward(p["dy"], None, saved, plans.STEPS),
+                 lambda: plans.backward_recurrence(p["dy"], None, saved, plans.STEPS)):
+        with pytest.raises(TypeError, match="x is float16"):
+            call()
+
+
+def test_a_rebuild_drops_the_kept_graphs():
+    """cukernels.runtime.rebuild forgets the compiled kernels, and with them cugru's CUDA
+    graphs (which launch those kernels): the hook cugru registers clears the cache."""
+    from cugru import _device
+    from cukernels import runtime
+    cache = _device._GRAPHS
+    cache.put(("a key",), "a graph")
+    assert cache.get(("a key",)) == "a graph"
+    runtime.rebuild()
+    assert cache.get(("a key",)) == _device.EAGER     # (forgotten: a first sighting again)
+    cache.clear()
