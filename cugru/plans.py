@@ -33,7 +33,26 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
            "StepsPlan",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "forward",
-           "backward_recurrence", "backward_tail", "backward", "step_pieces"]
+           "backward_recurrence", "backward_tail", "backward", "step_pieces", "use_graphs",
+           "clear_graphs"]
+
+
+def use_graphs(on: bool) -> bool:
+    """Turn the per-step path's CUDA graphs on or off (on by default; docs/api.md): with them
+    a call that repeats an earlier one's buffers replays its recurrence from one graph.
+    Returns the setting before; off also drops the graphs kept."""
+    if not isinstance(on, bool):
+        raise TypeError(f"on must be True or False, got {on!r}")
+    was = _device.GRAPHS
+    _device.GRAPHS = on
+    if not on:
+        _device.clear_graphs()
+    return was
+
+
+def clear_graphs() -> None:
+    """Drop the per-step path's kept CUDA graphs and the calls seen (their memory goes back)."""
+    _device.clear_graphs()
 
 
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,

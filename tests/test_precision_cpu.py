@@ -209,3 +209,20 @@ def test_a_rebuild_drops_the_kept_graphs():
     runtime.rebuild()
     assert cache.get(("a key",)) == _device.EAGER     # (forgotten: a first sighting again)
     cache.clear()
+
+
+def test_use_graphs_turns_the_per_step_graphs_off_and_on_and_checks_its_argument():
+    """cugru.plans.use_graphs: returns the setting before, sets it, and turning it off
+    drops the kept graphs; a non-bool is a TypeError naming `on`."""
+    from cugru import _device, plans
+    before = _device.GRAPHS
+    try:
+        _device._GRAPHS.put(("a key",), "a graph")
+        assert plans.use_graphs(False) is before and _device.GRAPHS is False
+        assert _device._GRAPHS.get(("a key",)) == _device.EAGER     # (dropped)
+        assert plans.use_graphs(True) is False and _device.GRAPHS is True
+        with pytest.raises(TypeError, match="on must be True or False"):
+            plans.use_graphs(1)
+    finally:
+        _device.GRAPHS = before
+        _device.clear_graphs()
