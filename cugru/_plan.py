@@ -44,7 +44,7 @@ PERSIST_AUTO_MAX_WORK = 1 << 24
 #: the whole recurrence), the per-step path beyond (see docs/performance.md). Measured on an
 #: H100 at a6080ba (bench.paths), with the per-step path replaying CUDA graphs: at 3 waves
 #: (O3, A3, A4) the per-step path took 0.59-0.70x grid scope's time, at 2 (S8, O16) they
-#: tied in train and grid scope won inference by 12-27%, at 1 (O4, A5, A6) grid scope won
+#: tied in train and grid scope won inference by 11-27%, at 1 (O4, A5, A6) grid scope won
 GRID_AUTO_MAX_WAVES = 2
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
