@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _device, _passes
 from ._args import HALF_DTYPES, backward_args, check_math, forward_args
+from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA graphs)
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
                        TILES, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
@@ -48,11 +49,6 @@ def use_graphs(on: bool) -> bool:
     if not on:
         _device.clear_graphs()
     return was
-
-
-def clear_graphs() -> None:
-    """Drop the per-step path's kept CUDA graphs and the calls seen (their memory goes back)."""
-    _device.clear_graphs()
 
 
 def forward(x, h0, w_ih, w_hh, b_ih, b_hh, plan, *, bidirectional=False, training=True,
