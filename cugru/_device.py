@@ -19,6 +19,7 @@ import numpy as np
 from cukernels import runtime
 
 from . import _catalog  # noqa: F401  (registers the GRU's kernel sources)
+from . import _cublaslt
 
 #: launch the per-step path's kernels (Loop.kernel) through CuPy's RawKernel call instead of
 #: the packed launch (slower on the host; the reference that the packed launch is tested and
@@ -237,14 +238,14 @@ class _Cublas:
 _CUBLAS: dict = {}
 
 
-def pick_cublas(paths, major):
-    """Of the libcublas files mapped in the process, the one of cuBLAS major version
-    `major`: the file whose name carries that major, if exactly one does, or the only file
-    mapped where its name carries no major; else None. (With two files of one major, which
-    one CuPy calls is not known: CuPy's wrappers serve then.)"""
-    found = {p for p in paths
-             if re.search(rf"/libcublas\.so\.{major}(\.[0-9.]*)?$", p)}
-    if not found and len(paths) == 1 and re.search(r"/libcublas\.so$", next(iter(paths))):
+def pick_cublas(paths, major, name="libcublas"):
+    """Of the `name` files (libcublas, or libcublasLt) mapped in the process, the one of
+    cuBLAS major version `major`: the file whose name carries that major, if exactly one
+    does, or the only file mapped where its name carries no major; else None. (With two
+    files of one major, which one CuPy calls is not known: CuPy's wrappers serve then.)"""
+    paths = {p for p in paths if re.search(rf"/{name}\.so(\.[0-9.]*)?$", p)}
+    found = {p for p in paths if re.search(rf"/{name}\.so\.{major}(\.[0-9.]*)?$", p)}
+    if not found and len(paths) == 1 and re.search(rf"/{name}\.so$", next(iter(paths))):
         found = set(paths)
     return found.pop() if len(found) == 1 else None
 
@@ -252,10 +253,11 @@ def pick_cublas(paths, major):
 def _cublas_lib(handle):
     """The _Cublas of the libcublas that CuPy calls (pick_cublas among the files the
     process maps, by the major version cuBLAS reports; checked by the version the file
-    reports for CuPy's handle), or None."""
+    reports for CuPy's handle), or None. Found with it: the cuBLASLt library of the same
+    version (_CUBLAS["lt"], a _cublaslt.Library, or None)."""
     if "lib" not in _CUBLAS:
         from cupy_backends.cuda.libs import cublas
-        found = None
+        found = lt = None
         try:
             version = cublas.getVersion(handle)
             try:
@@ -263,7 +265,7 @@ def _cublas_lib(handle):
             except AttributeError:                  # (the version's encoding: 12.x on
                 major = version // (10000 if version >= 100000 else 1000)   # vs 11.x)
             with open("/proc/self/maps") as maps:
-                paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+                paths = {line.split()[-1] for line in maps if "/libcublas" in line}
             path = pick_cublas(paths, major)
             if path is not None:
                 lib = ctypes.CDLL(path)
@@ -272,10 +274,38 @@ def _cublas_lib(handle):
                 if lib.cublasGetVersion_v2(handle, ctypes.byref(got)) == 0 and \
                         got.value == version:
                     found = _Cublas(lib)
+                    lt_path = pick_cublas(paths, major, "libcublasLt")
+                    if lt_path is not None and USE_CUBLASLT:
+                        lt = _cublaslt.Library(ctypes.CDLL(lt_path))
+                        lt = lt if lt.version == version else None
         except Exception:  # noqa: BLE001 (any failure: CuPy's wrappers serve)
-            found = None
-        _CUBLAS["lib"] = found
+            found = lt = None
+        _CUBLAS["lib"], _CUBLAS["lt"] = found, lt
     return _CUBLAS["lib"]
+
+
+#: the passes' products go through cuBLASLt with each product's algorithm chosen once
+#: (cugru/_cublaslt.py) where the library is found; False: through cuBLAS' GEMM (read when
+#: the library is first looked for)
+USE_CUBLASLT = True
+#: ... for products of at most this many multiply-adds (m*n*k*batch): where the product's
+#: time on the GPU is about the host's time to issue it. Larger ones go through cuBLAS' GEMM,
+#: whose algorithms (with the handle's workspace) were up to 2x faster on the GPU than those
+#: cuBLASLt offers without a workspace (S9's products, docs/performance.md)
+LT_MAX_MACS = 1 << 27
+_LT_PRODUCTS: dict = {}
+
+
+def products_on(lib):
+    """The cuBLASLt products (_cublaslt.Products) of the current device."""
+    device_id = runtime.cupy_module().cuda.runtime.getDevice()
+    got = _LT_PRODUCTS.get(device_id)
+    if got is None:
+        with _SCRATCH_LOCK:
+            got = _LT_PRODUCTS.get(device_id)
+            if got is None:
+                got = _LT_PRODUCTS[device_id] = _cublaslt.Products(lib)
+    return got
 
 
 #: cuBLAS' math modes (cublasMath_t): the low bits name the mode, higher bits are flags
@@ -386,13 +416,16 @@ def graph_key(*items):
 class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
-    Use as a context manager around the pass: at the first product it binds cuBLAS' handle
-    to the pass's stream, sets its pointer mode to host and its math mode to the pass's
-    `math` (math_mode) (and restores both after),
-    keeps alpha and beta in host arrays, and packs a per-step kernel's arguments once
-    (``kernel``), so a step costs one cuLaunchKernel and one cuBLAS call. GEMM operands are
-    raw addresses (ints); the caller keeps the arrays alive. The GEMMs go straight to the
-    cuBLAS library (_Cublas), so a pass may be captured into a CUDA graph.
+    Use as a context manager around the pass. A product of at most LT_MAX_MACS
+    multiply-adds goes through cuBLASLt with the algorithm chosen for its shape once
+    (_cublaslt.Products: one library call on the host); a larger one through cuBLAS' GEMM,
+    for which, at the first such product, it binds cuBLAS' handle to the pass's stream, sets
+    its pointer mode to host and its math mode to the pass's `math` (math_mode) (and
+    restores both after). It keeps alpha and beta in host arrays, and packs a per-step
+    kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one library
+    call. GEMM operands are raw addresses (ints); the caller keeps the arrays alive. The
+    GEMMs go straight to the libraries (_Cublas, _cublaslt.Library), so a pass may be
+    captured into a CUDA graph.
     """
 
     _cublas = None
@@ -408,6 +441,8 @@ class Loop:
         self._math_was = None     # (the handle's math mode before, where the pass changed it)
         self._math_mode = None    # (the one the pass runs: its flags included)
         self._direct = None
+        self._lt = None           # (the device's cuBLASLt products, where they serve)
+        self._bound = False
         self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
 
     def __enter__(self):
@@ -431,10 +466,25 @@ class Loop:
         return False
 
     def _bind(self):
-        cb = self._cublas
+        """Find the libraries and the host scalars; the products then go through cuBLASLt
+        (products_on) where it serves this dtype and math, else through cuBLAS' handle,
+        bound at once (_bind_handle)."""
+        self._bound = True
         self._scalars = _host_scalars(self.dtype.char)
         self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
-        direct = self._direct = _cublas_lib(self.handle)
+        self._direct = _cublas_lib(self.handle)
+        lt = _CUBLAS.get("lt")
+        if lt is not None and (self.dtype.itemsize, self.math) in _cublaslt.COMPUTE:
+            self._lt = products_on(lt)
+            self._math_mode = ("cublasLt", self.math)
+        else:
+            self._bind_handle()
+
+    def _bind_handle(self):
+        """Bind cuBLAS' handle to the pass: its stream, host pointer mode and math mode
+        (restored by __exit__)."""
+        cb = self._cublas
+        direct = self._direct
         if direct is None:
             self._gemm = (cb.sgemmStridedBatched if self.dtype.itemsize == 4
                           else cb.dgemmStridedBatched)
@@ -460,8 +510,9 @@ class Loop:
         direct.check(direct.set_stream(self.handle, self.stream), "setStream")
 
     def bind(self):
-        """Bind cuBLAS' handle to the pass (done by the first product where not before)."""
-        if self._mode is None:
+        """Bind the pass's products to its library (done by the first product where not
+        before)."""
+        if not self._bound:
             self._bind()
 
     def replay(self, key, issue):
@@ -506,6 +557,7 @@ class Loop:
         allocate nothing: every buffer they touch is in the key."""
         side = _side_stream(cp)
         mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", None)
+        inner = None
         try:
             with side:
                 inner = Loop(self.dtype, math=self.math)
@@ -521,14 +573,32 @@ class Loop:
                     raise
                 return side.end_capture()
         finally:
-            # (the inner loop bound cuBLAS' handle to the side stream)
-            self._direct.check(self._direct.set_stream(self.handle, self.stream), "setStream")
+            # (an inner loop that bound cuBLAS' handle bound it to the side stream)
+            if inner is not None and inner._mode is not None:
+                self._direct.check(self._direct.set_stream(self.handle, self.stream),
+                                   "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
         addresses (ints), strides in elements."""
-        if self._mode is None:
+        if not self._bound:
             self._bind()
+        lt = self._lt
+        if lt is not None and m * n * k * batch <= LT_MAX_MACS:
+            bits = A | B | C | _cublaslt.MAX_ALIGNMENT
+            product = lt.get(self.dtype.itemsize, self.math, transa, transb, m, n, k, lda, sA,
+                             ldb, sB, ldc, sC, batch, bits & -bits)
+            if product is not None:
+                desc, a, b, c, algo = product.call
+                status = lt.matmul(lt.handle, desc, self._scalars[1.0], A, a, B, b,
+                                   self._scalars[float(beta)], C, c, C, c, algo, None, 0,
+                                   self.stream)
+                if status != 0:
+                    raise RuntimeError(f"cuBLASLt matmul failed with status {status} (m={m}, "
+                                       f"n={n}, k={k}, batch={batch})")
+                return
+        if self._mode is None:
+            self._bind_handle()
         cb = self._cublas
         status = self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
                             cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,

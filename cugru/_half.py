@@ -36,12 +36,14 @@ _FORMATS: dict = {}
 
 
 def _format(dtype):
+    """The HALF_FORMATS name of `dtype` (a dtype, or a type such as numpy.float16: each
+    kept under the key it came as)."""
     fmt = _FORMATS.get(dtype)
     if fmt is None:
         name = np.dtype(dtype).name
         if name not in cat.HALF_FORMATS:
             raise TypeError(f"cugru's GPU conversions take {cat.HALF_FORMATS}, got {name}")
-        fmt = _FORMATS[np.dtype(dtype)] = name
+        fmt = _FORMATS[dtype] = name
     return fmt
 
 

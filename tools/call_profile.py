@@ -106,12 +106,17 @@ def variants(args):
     except ImportError:
         tv = None
 
+    k.launch_values((1,), (256,), (p, p, p, out.data.ptr, 64, 1.0, 0.0, 0, True))
+    _, block_addrs, _ = runtime._shared_block()       # (packed by the launch above)
+    launch_kernel, stream_ptr = cp.cuda.driver.launchKernel, cp.cuda.get_current_stream().ptr
     pieces = {
         "cp.empty((64,), f32)": lambda: cp.empty((64,), cp.float32),
         "flat[0:64].reshape((8, 8))": lambda: flat[0:64].reshape((8, 8)),
         "flat[0:64] (a slice)": lambda: flat[0:64],
         "packed launch (launch_values)": lambda: k.launch_values(
             (1,), (256,), (p, p, p, out.data.ptr, 64, 1.0, 0.0, 0, True)),
+        "bare cuLaunchKernel (CuPy's wrapper, packed block)": lambda: launch_kernel(
+            k.ptr, 1, 1, 1, 256, 1, 1, 0, stream_ptr, block_addrs, 0),
         "CuPy RawKernel call": lambda: k.raw((1,), (256,), (v, v, v, out, i64(64), f32(1.0),
                                                              f32(0.0), i32(0), i32(1))),
         "sigmoid_activation": lambda: ck.sigmoid_activation(v),

@@ -1,0 +1,154 @@
+"""cugru/_cublaslt.py on the CPU: the descriptors a product is described by, the algorithm
+chosen once per key, the refusals that send a product back to cuBLAS' GEMM. A stand-in for
+the library records every call (the GPU tests run the real one: every small product of the
+passes goes through it there)."""
+import ctypes
+
+import pytest
+
+from cugru import _cublaslt as lt
+from cugru import _device
+
+
+class FakeLib:
+    """The Library's functions, recording descriptors as dicts; `found` and `workspace` set
+    what the heuristic answers."""
+    check = staticmethod(lt.Library.check)
+
+    def __init__(self, found=1, workspace=0, state=0):
+        self.found, self.workspace, self.state = found, workspace, state
+        self.objects, self.heuristics, self.destroyed = {}, 0, []
+
+    def _new(self, ref, **what):
+        handle = len(self.objects) + 1
+        self.objects[handle] = what
+        ref._obj.value = handle
+        return 0
+
+    def create(self, ref):
+        return self._new(ref, kind="handle")
+
+    def matmuldesccreate(self, ref, compute, scale):
+        return self._new(ref, kind="desc", compute=compute, scale=scale)
+
+    def matrixlayoutcreate(self, ref, dtype, rows, cols, ld):
+        return self._new(ref, kind="layout", dtype=dtype, rows=rows, cols=cols, ld=ld)
+
+    def matmulpreferencecreate(self, ref):
+        return self._new(ref, kind="pref")
+
+    def _set(self, obj, attr, ref, size):
+        self.objects[obj.value if hasattr(obj, "value") else obj][attr] = ref._obj.value
+        return 0
+
+    matmuldescsetattribute = matrixlayoutsetattribute = matmulpreferencesetattribute = _set
+
+    def matmulalgogetheuristic(self, handle, desc, a, b, c, d, pref, count, result, found):
+        self.heuristics += 1
+        self.last_pref = dict(self.objects[pref.value])
+        result._obj.state = self.state
+        result._obj.workspaceSize = self.workspace
+        result._obj.algo[0] = 42
+        found._obj.value = self.found
+        return 0
+
+    def matmulpreferencedestroy(self, pref):
+        self.destroyed.append(pref.value)
+
+    def matrixlayoutdestroy(self, layout):
+        self.destroyed.append(layout.value)
+
+    def matmuldescdestroy(self, desc):
+        self.destroyed.append(desc.value)
+
+    matmul = None
+
+
+def _get(products, transa=False, transb=True, m=5, n=6, k=7, lda=5, sA=0, ldb=6, sB=0,
+         ldc=5, sC=0, batch=1, align=256, itemsize=4, math="strict"):
+    return products.get(itemsize, math, transa, transb, m, n, k, lda, sA, ldb, sB, ldc, sC,
+                        batch, align)
+
+
+@pytest.mark.parametrize("transa", [False, True])
+@pytest.mark.parametrize("transb", [False, True])
+def test_a_product_is_described_by_its_operands_as_stored(transa, transb):
+    """op(A) is m x k and op(B) k x n: the layouts give each operand's rows and columns as
+    stored (transposed ones swapped), with the leading dimensions as given."""
+    lib = FakeLib()
+    p = _get(lt.Products(lib), transa, transb, m=5, n=6, k=7, lda=11, ldb=12, ldc=13)
+    layouts = [lib.objects[h] for h in p.call[1:4]]
+    assert [(o["rows"], o["cols"], o["ld"]) for o in layouts] == [
+        (7, 5, 11) if transa else (5, 7, 11), (6, 7, 12) if transb else (7, 6, 12), (5, 6, 13)]
+    desc = lib.objects[p.call[0]]
+    assert desc[lt.DESC_TRANSA] == (lt.OP_T if transa else lt.OP_N)
+    assert desc[lt.DESC_TRANSB] == (lt.OP_T if transb else lt.OP_N)
+    assert all(lt.LAYOUT_BATCH_COUNT not in o for o in layouts)     # (batch 1: no batch)
+
+
+def test_batches_strides_dtypes_maths_and_alignment():
+    lib = FakeLib()
+    products = lt.Products(lib)
+    p = _get(products, sA=100, sB=0, sC=300, batch=4)
+    layouts = [lib.objects[h] for h in p.call[1:4]]
+    assert [o[lt.LAYOUT_BATCH_COUNT] for o in layouts] == [4, 4, 4]
+    # (a stride of 0 broadcasts that operand to every batch: the bias sums' vector of ones)
+    assert [o[lt.LAYOUT_STRIDED_BATCH_OFFSET] for o in layouts] == [100, 0, 300]
+    assert lib.objects[p.call[0]]["compute"] == 68 and layouts[0]["dtype"] == 0
+    tf32 = _get(products, math="tf32")
+    assert lib.objects[tf32.call[0]]["compute"] == 77
+    f64 = _get(products, itemsize=8)
+    assert lib.objects[f64.call[0]]["compute"] == 70 and lib.objects[f64.call[0]]["scale"] == 1
+    _get(products, align=16)
+    pref = lib.last_pref
+    assert pref[lt.PREF_MAX_WORKSPACE_BYTES] == 0
+    assert [pref[a] for a in lt.PREF_MIN_ALIGNMENT] == [16] * 4
+    with pytest.raises(KeyError):
+        _get(products, itemsize=8, math="tf32")     # (no TF32 for float64)
+
+
+def test_the_algorithm_is_chosen_once_per_key():
+    lib = FakeLib()
+    products = lt.Products(lib)
+    first = _get(products)
+    assert _get(products) is first and lib.heuristics == 1
+    assert ctypes.cast(first.call[4], ctypes.POINTER(ctypes.c_uint64))[0] == 42
+    assert _get(products, align=8) is not first and lib.heuristics == 2
+    assert _get(products, m=6, lda=6, ldc=6) is not first and lib.heuristics == 3
+
+
+@pytest.mark.parametrize("answer", [dict(found=0), dict(workspace=1024), dict(state=7)])
+def test_no_algorithm_or_one_needing_a_workspace_is_none(answer):
+    """The caller then runs cuBLAS' GEMM; the refusal is kept too (asked once), and the
+    descriptors made for the question are destroyed."""
+    lib = FakeLib(**answer)
+    products = lt.Products(lib)
+    assert _get(products) is None and _get(products) is None and lib.heuristics == 1
+    made = {h for h, o in lib.objects.items() if o["kind"] in ("desc", "layout", "pref")}
+    import gc
+    gc.collect()
+    assert made <= set(lib.destroyed)
+
+
+def test_the_oldest_products_go_beyond_the_limit(monkeypatch):
+    monkeypatch.setattr(lt, "ENTRIES", 3)
+    products = lt.Products(FakeLib())
+    for m in range(1, 6):
+        _get(products, m=m, lda=m, ldc=m)
+    assert [key[4] for key in products.kept] == [3, 4, 5]
+
+
+def test_alignment():
+    assert lt.alignment(0) == 256 and lt.alignment(4096, 512) == 256
+    assert lt.alignment(256, 4) == 4 and lt.alignment(1 << 20, 1 << 20 | 8) == 8
+    assert lt.alignment(3) == 1
+
+
+def test_the_cublaslt_file_is_picked_beside_cublas():
+    pick = _device.pick_cublas
+    paths = {"/a/nvidia/cu13/lib/libcublas.so.13", "/a/nvidia/cu13/lib/libcublasLt.so.13",
+             "/b/libcublasLt.so.12"}
+    assert pick(paths, 13, "libcublasLt") == "/a/nvidia/cu13/lib/libcublasLt.so.13"
+    assert pick(paths, 13) == "/a/nvidia/cu13/lib/libcublas.so.13"
+    assert pick({"/a/libcublas.so.13"}, 13, "libcublasLt") is None
+    assert pick({"/a/libcublasLt.so.13", "/b/libcublasLt.so.13.1"}, 13, "libcublasLt") is None
