@@ -293,6 +293,10 @@ USE_CUBLASLT = True
 #: whose algorithms (with the handle's workspace) were up to 2x faster on the GPU than those
 #: cuBLASLt offers without a workspace (S9's products, docs/performance.md)
 LT_MAX_MACS = 1 << 27
+#: ... and of sums at most this long (k): a long sum over few outputs is where cuBLAS' GEMM
+#: splits the sum across blocks, which cuBLASLt without a workspace cannot (the per-step
+#: path's products at H = 650-700, B = 20 took 2.3x the time through it: bench.paths)
+LT_MAX_K = 256
 _LT_PRODUCTS: dict = {}
 
 
@@ -584,7 +588,7 @@ class Loop:
         if not self._bound:
             self._bind()
         lt = self._lt
-        if lt is not None and m * n * k * batch <= LT_MAX_MACS:
+        if lt is not None and k <= LT_MAX_K and m * n * k * batch <= LT_MAX_MACS:
             bits = A | B | C | _cublaslt.MAX_ALIGNMENT
             product = lt.get(self.dtype.itemsize, self.math, transa, transb, m, n, k, lda, sA,
                              ldb, sB, ldc, sC, batch, bits & -bits)
