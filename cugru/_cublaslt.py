@@ -33,8 +33,8 @@ LAYOUT_BATCH_COUNT, LAYOUT_STRIDED_BATCH_OFFSET = 5, 6
 PREF_MAX_WORKSPACE_BYTES = 1
 PREF_MIN_ALIGNMENT = (5, 6, 7, 8)   # A, B, C, D
 OP_N, OP_T = 0, 1
-#: the most products whose descriptors are kept (the least recently used are destroyed: a
-#: captured graph keeps what it needs of them)
+#: the most products whose descriptors are kept (beyond, the oldest made are dropped, and
+#: made again if asked for: a captured graph keeps what it needs of them)
 ENTRIES = 512
 #: the largest alignment asked of the operands (the heuristics' default)
 MAX_ALIGNMENT = 256
@@ -44,14 +44,6 @@ class HeuristicResult(ctypes.Structure):    # cublasLtMatmulHeuristicResult_t
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
                 ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
                 ("reserved", ctypes.c_int * 4)]
-
-
-def alignment(*addresses) -> int:
-    """The largest power of two, at most MAX_ALIGNMENT bytes, that divides every address."""
-    bits = MAX_ALIGNMENT
-    for a in addresses:
-        bits |= a
-    return bits & -bits
 
 
 class Library:
@@ -103,11 +95,18 @@ class Product:
     def __del__(self):
         # (when no call holds it any more: a call in flight keeps its product alive)
         try:
-            for layout in self.layouts:
-                self.lib.matrixlayoutdestroy(layout)
-            self.lib.matmuldescdestroy(self.desc)
+            _destroy(self.lib, self.desc, self.layouts)
         except Exception:  # noqa: BLE001 (at interpreter exit the library may be gone)
             pass
+
+
+def _destroy(lib, desc, layouts):
+    """Destroy a product's descriptors (those made: a handle of None was not)."""
+    for layout in layouts:
+        if layout.value:
+            lib.matrixlayoutdestroy(layout)
+    if desc.value:
+        lib.matmuldescdestroy(desc)
 
 
 class Products:
@@ -143,34 +142,35 @@ class Products:
 
     def _make(self, itemsize, math, transa, transb, m, n, k, lda, sA, ldb, sB, ldc, sC, batch,
               align):
+        """The Product of a key, or None where cuBLASLt refuses a descriptor or offers no
+        algorithm that runs without a workspace (what was made for it is destroyed)."""
         lib, check = self.lib, self.lib.check
-        desc = ctypes.c_void_p()
-        check(lib.matmuldesccreate(ctypes.byref(desc), COMPUTE[itemsize, math],
-                                   SCALE_TYPE[itemsize]), "MatmulDescCreate")
-        for attr, value in ((DESC_TRANSA, transa), (DESC_TRANSB, transb)):
-            v = ctypes.c_int32(OP_T if value else OP_N)
-            check(lib.matmuldescsetattribute(desc, attr, ctypes.byref(v), 4),
-                  "MatmulDescSetAttribute")
-        layouts = []
-        # (rows, cols) of each operand as stored: op(A) is m x k, op(B) k x n, C m x n
-        for (rows, cols), ld, stride in (((k, m) if transa else (m, k), lda, sA),
-                                         ((n, k) if transb else (k, n), ldb, sB),
-                                         ((m, n), ldc, sC)):
-            layout = ctypes.c_void_p()
-            check(lib.matrixlayoutcreate(ctypes.byref(layout), DATA_TYPE[itemsize], rows, cols,
-                                         ld), "MatrixLayoutCreate")
-            layouts.append(layout)
-            if batch > 1:
-                count, offset = ctypes.c_int32(batch), ctypes.c_int64(stride)
-                check(lib.matrixlayoutsetattribute(layout, LAYOUT_BATCH_COUNT,
-                                                   ctypes.byref(count), 4),
-                      "MatrixLayoutSetAttribute")
-                check(lib.matrixlayoutsetattribute(layout, LAYOUT_STRIDED_BATCH_OFFSET,
-                                                   ctypes.byref(offset), 8),
-                      "MatrixLayoutSetAttribute")
-        pref = ctypes.c_void_p()
-        check(lib.matmulpreferencecreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
+        desc, layouts, pref = ctypes.c_void_p(), [], ctypes.c_void_p()
+        result, found = HeuristicResult(), ctypes.c_int(0)
         try:
+            check(lib.matmuldesccreate(ctypes.byref(desc), COMPUTE[itemsize, math],
+                                       SCALE_TYPE[itemsize]), "MatmulDescCreate")
+            for attr, value in ((DESC_TRANSA, transa), (DESC_TRANSB, transb)):
+                v = ctypes.c_int32(OP_T if value else OP_N)
+                check(lib.matmuldescsetattribute(desc, attr, ctypes.byref(v), 4),
+                      "MatmulDescSetAttribute")
+            # (rows, cols) of each operand as stored: op(A) is m x k, op(B) k x n, C m x n
+            for (rows, cols), ld, stride in (((k, m) if transa else (m, k), lda, sA),
+                                             ((n, k) if transb else (k, n), ldb, sB),
+                                             ((m, n), ldc, sC)):
+                layout = ctypes.c_void_p()
+                check(lib.matrixlayoutcreate(ctypes.byref(layout), DATA_TYPE[itemsize], rows,
+                                             cols, ld), "MatrixLayoutCreate")
+                layouts.append(layout)
+                if batch > 1:
+                    count, offset = ctypes.c_int32(batch), ctypes.c_int64(stride)
+                    check(lib.matrixlayoutsetattribute(layout, LAYOUT_BATCH_COUNT,
+                                                       ctypes.byref(count), 4),
+                          "MatrixLayoutSetAttribute")
+                    check(lib.matrixlayoutsetattribute(layout, LAYOUT_STRIDED_BATCH_OFFSET,
+                                                       ctypes.byref(offset), 8),
+                          "MatrixLayoutSetAttribute")
+            check(lib.matmulpreferencecreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
             zero = ctypes.c_uint64(0)
             check(lib.matmulpreferencesetattribute(pref, PREF_MAX_WORKSPACE_BYTES,
                                                    ctypes.byref(zero), 8),
@@ -179,13 +179,15 @@ class Products:
             for attr in PREF_MIN_ALIGNMENT:
                 check(lib.matmulpreferencesetattribute(pref, attr, ctypes.byref(bytes_), 4),
                       "MatmulPreferenceSetAttribute")
-            result, found = HeuristicResult(), ctypes.c_int(0)
             a, b, c = layouts
             status = lib.matmulalgogetheuristic(self.handle, desc, a, b, c, c, pref, 1,
                                                 ctypes.byref(result), ctypes.byref(found))
+        except RuntimeError:
+            status = -1
         finally:
-            lib.matmulpreferencedestroy(pref)
-        product = Product(lib, desc, tuple(layouts), (ctypes.c_uint64 * 8)(*result.algo))
+            if pref.value:
+                lib.matmulpreferencedestroy(pref)
         if status != 0 or found.value < 1 or result.state != 0 or result.workspaceSize:
-            return None         # (the descriptors go with `product`)
-        return product
+            _destroy(lib, desc, layouts)
+            return None
+        return Product(lib, desc, tuple(layouts), (ctypes.c_uint64 * 8)(*result.algo))

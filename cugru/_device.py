@@ -301,14 +301,19 @@ _LT_PRODUCTS: dict = {}
 
 
 def products_on(lib):
-    """The cuBLASLt products (_cublaslt.Products) of the current device."""
+    """The cuBLASLt products (_cublaslt.Products) of the current device, or None where
+    cuBLASLt's handle cannot be made (then cuBLAS' GEMM serves, and the next pass asks
+    again)."""
     device_id = runtime.cupy_module().cuda.runtime.getDevice()
     got = _LT_PRODUCTS.get(device_id)
     if got is None:
         with _SCRATCH_LOCK:
             got = _LT_PRODUCTS.get(device_id)
             if got is None:
-                got = _LT_PRODUCTS[device_id] = _cublaslt.Products(lib)
+                try:
+                    got = _LT_PRODUCTS[device_id] = _cublaslt.Products(lib)
+                except RuntimeError:
+                    return None
     return got
 
 
@@ -421,7 +426,7 @@ class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
     Use as a context manager around the pass. A product of at most LT_MAX_MACS
-    multiply-adds goes through cuBLASLt with the algorithm chosen for its shape once
+    multiply-adds, whose sums have at most LT_MAX_K terms, goes through cuBLASLt with the algorithm chosen for its shape once
     (_cublaslt.Products: one library call on the host); a larger one through cuBLAS' GEMM,
     for which, at the first such product, it binds cuBLAS' handle to the pass's stream, sets
     its pointer mode to host and its math mode to the pass's `math` (math_mode) (and
@@ -478,11 +483,18 @@ class Loop:
         self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
         self._direct = _cublas_lib(self.handle)
         lt = _CUBLAS.get("lt")
-        if lt is not None and (self.dtype.itemsize, self.math) in _cublaslt.COMPUTE:
-            self._lt = products_on(lt)
-            self._math_mode = ("cublasLt", self.math)
-        else:
+        products = products_on(lt) if lt is not None and (
+            self.dtype.itemsize, self.math) in _cublaslt.COMPUTE else None
+        if products is None:
             self._bind_handle()
+            return
+        self._lt = products
+        # (the products that take cuBLAS' GEMM run the handle's math mode with its flags:
+        # Loop.replay's key names it, as it does where every product takes cuBLAS' GEMM)
+        mode = ctypes.c_int(0)
+        self._direct.check(self._direct.get_math(self.handle, ctypes.byref(mode)),
+                           "getMathMode")
+        self._math_mode = ("cublasLt", math_mode(mode.value, self.math))
 
     def _bind_handle(self):
         """Bind cuBLAS' handle to the pass: its stream, host pointer mode and math mode
@@ -561,7 +573,6 @@ class Loop:
         allocate nothing: every buffer they touch is in the key."""
         side = _side_stream(cp)
         mode = getattr(cp.cuda.runtime, "streamCaptureModeThreadLocal", None)
-        inner = None
         try:
             with side:
                 inner = Loop(self.dtype, math=self.math)
@@ -577,10 +588,9 @@ class Loop:
                     raise
                 return side.end_capture()
         finally:
-            # (an inner loop that bound cuBLAS' handle bound it to the side stream)
-            if inner is not None and inner._mode is not None:
-                self._direct.check(self._direct.set_stream(self.handle, self.stream),
-                                   "setStream")
+            # (an inner loop whose products took cuBLAS' GEMM bound the handle to the side
+            # stream: this pass's later GEMMs must run on its own)
+            self._direct.check(self._direct.set_stream(self.handle, self.stream), "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device

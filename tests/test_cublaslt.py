@@ -38,6 +38,7 @@ class FakeLib:
         return self._new(ref, kind="pref")
 
     def _set(self, obj, attr, ref, size):
+        assert size == ctypes.sizeof(ref._obj)          # (the value's own size, declared)
         self.objects[obj.value if hasattr(obj, "value") else obj][attr] = ref._obj.value
         return 0
 
@@ -138,10 +139,17 @@ def test_the_oldest_products_go_beyond_the_limit(monkeypatch):
     assert [key[4] for key in products.kept] == [3, 4, 5]
 
 
-def test_alignment():
-    assert lt.alignment(0) == 256 and lt.alignment(4096, 512) == 256
-    assert lt.alignment(256, 4) == 4 and lt.alignment(1 << 20, 1 << 20 | 8) == 8
-    assert lt.alignment(3) == 1
+def test_a_refused_descriptor_is_none_and_what_was_made_is_destroyed():
+    """A failing library call while describing a product sends it to cuBLAS' GEMM (None)
+    rather than failing the pass."""
+    lib = FakeLib()
+    lib.matrixlayoutsetattribute = lambda *a: 7          # (refused: not CUBLAS_STATUS_SUCCESS)
+    products = lt.Products(lib)
+    assert _get(products, batch=3) is None and lib.heuristics == 0
+    import gc
+    gc.collect()
+    made = {h for h, o in lib.objects.items() if o["kind"] in ("desc", "layout")}
+    assert made and made <= set(lib.destroyed)
 
 
 def test_the_cublaslt_file_is_picked_beside_cublas():
@@ -152,3 +160,183 @@ def test_the_cublaslt_file_is_picked_beside_cublas():
     assert pick(paths, 13) == "/a/nvidia/cu13/lib/libcublas.so.13"
     assert pick({"/a/libcublas.so.13"}, 13, "libcublasLt") is None
     assert pick({"/a/libcublasLt.so.13", "/b/libcublasLt.so.13.1"}, 13, "libcublasLt") is None
+
+
+# ------------------------------------------------------------------ Loop's use of the products
+class FakeStream:
+    def __init__(self, cp, ptr):
+        self.cp, self.ptr, self.captured = cp, ptr, False
+
+    def __enter__(self):
+        self.cp.current.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.cp.current.pop()
+
+    def begin_capture(self, mode):
+        self.captured = True
+
+    def end_capture(self):
+        self.captured = False
+        return "graph"
+
+
+class FakeCupy:
+    """What Loop asks of CuPy: the current stream (7, or a `with` stream's), cuBLAS' handle
+    (1234), device 0 and streams (a new one is 9)."""
+
+    def __init__(self):
+        self.current = [FakeStream(self, 7)]
+        cp = self
+
+        class cuda:
+            class runtime:
+                streamCaptureModeThreadLocal = 2
+
+                @staticmethod
+                def getDevice():
+                    return 0
+
+                @staticmethod
+                def streamIsCapturing(ptr):
+                    return 0
+
+            class device:
+                @staticmethod
+                def get_cublas_handle():
+                    return 1234
+
+            @staticmethod
+            def get_current_stream():
+                return cp.current[-1]
+
+            @staticmethod
+            def Stream(non_blocking=False):
+                return FakeStream(cp, 9)
+        self.cuda = cuda
+
+
+class FakeDirect:
+    """_device._Cublas: records every call; the handle's math mode starts at 0."""
+    check = staticmethod(_device._Cublas.check)
+
+    def __init__(self):
+        self.calls = []
+        self.gemm = {4: self._gemm, 8: self._gemm}
+
+    def _gemm(self, *args):
+        self.calls.append(("gemm",) + args)
+        return 0
+
+    def set_stream(self, handle, stream):
+        self.calls.append(("set_stream", stream))
+        return 0
+
+    def get_mode(self, handle, ref):
+        ref._obj.value = 0
+        return 0
+
+    def get_math(self, handle, ref):
+        self.calls.append(("get_math",))
+        ref._obj.value = 0
+        return 0
+
+    def set_mode(self, handle, mode):
+        self.calls.append(("set_mode", mode))
+        return 0
+
+    def set_math(self, handle, mode):
+        self.calls.append(("set_math", mode))
+        return 0
+
+
+class FakeProducts:
+    """_cublaslt.Products: `refuse` keys get None; matmul records its arguments."""
+    handle = 77
+
+    def __init__(self, refuse=False):
+        self.asked, self.matmuls, self.refuse = [], [], refuse
+
+    def get(self, *key):
+        self.asked.append(key)
+        if self.refuse:
+            return None
+        product = type("P", (), {})()
+        product.call = (11, 12, 13, 14, 15)
+        return product
+
+    def matmul(self, *args):
+        self.matmuls.append(args)
+        return 0
+
+
+class FakeCublasModule:
+    CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_POINTER_MODE_HOST = 0, 1, 0
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    import numpy as np
+    from cukernels import runtime
+    cp, direct, products = FakeCupy(), FakeDirect(), FakeProducts()
+    monkeypatch.setattr(runtime, "cupy_module", lambda: cp)
+    monkeypatch.setattr(_device.Loop, "_cublas", FakeCublasModule)
+    monkeypatch.setattr(_device, "_CUBLAS", {"lib": direct, "lt": object()})
+    monkeypatch.setattr(_device, "_LT_PRODUCTS", {0: products})
+    monkeypatch.setattr(_device, "_SIDE", {})
+    return cp, direct, products, np.float32
+
+
+def _product(loop, m=8, n=8, k=8, batch=1, A=0x1000, B=0x2010, C=0x3000):
+    loop.gemm(False, True, m, n, k, A, m, 0, B, n, 0, 1.0, C, m, 0, batch)
+
+
+def test_a_small_short_product_takes_cublaslt_and_leaves_the_handle_alone(stubs):
+    cp, direct, products, f32 = stubs
+    with _device.Loop(f32, math="tf32") as loop:
+        _product(loop)
+    (key,) = products.asked
+    assert key == (4, "tf32", False, True, 8, 8, 8, 8, 0, 8, 0, 8, 0, 1, 16)   # (B: 16-aligned)
+    (args,) = products.matmuls
+    alpha, beta = _device._host_scalars("f")[1.0], _device._host_scalars("f")[1.0]
+    assert args == (77, 11, alpha, 0x1000, 12, 0x2010, 13, beta, 0x3000, 14, 0x3000, 14, 15,
+                    None, 0, 7)
+    # (the handle is only read, for the graph key: its math mode with the pass's math)
+    assert direct.calls == [("get_math",)] and loop._math_mode == ("cublasLt", 3)
+
+
+@pytest.mark.parametrize("kw", [dict(k=_device.LT_MAX_K + 1),
+                                dict(m=1 << 10, n=1 << 10, k=1 << 7, batch=2)])
+def test_long_sums_and_large_products_take_cublas_gemm(stubs, kw):
+    cp, direct, products, f32 = stubs
+    with _device.Loop(f32) as loop:
+        _product(loop, **kw)
+        assert [c[0] for c in direct.calls] == ["get_math", "set_mode", "get_math",
+                                                  "set_stream", "gemm"]
+    assert not products.matmuls and not products.asked
+    assert direct.calls[-1] == ("set_mode", 0)          # (the handle's pointer mode restored)
+
+
+def test_a_product_cublaslt_refuses_takes_cublas_gemm(stubs):
+    cp, direct, products, f32 = stubs
+    products.refuse = True
+    with _device.Loop(f32) as loop:
+        _product(loop)
+    assert products.asked and not products.matmuls
+    assert "gemm" in [c[0] for c in direct.calls]
+
+
+def test_a_capture_puts_the_handle_back_on_the_pass_stream(stubs):
+    """An inner loop whose product took cuBLAS' GEMM bound the handle to the side stream; the
+    pass's later GEMMs (the backward tail's) must run on the pass's stream."""
+    cp, direct, products, f32 = stubs
+    loop = _device.Loop(f32)
+    loop.bind()
+
+    def issue(inner):
+        assert inner.stream == 9
+        _product(inner, k=_device.LT_MAX_K + 1)
+    assert loop._capture(cp, issue) == "graph"
+    streams = [c[1] for c in direct.calls if c[0] == "set_stream"]
+    assert streams == [9, 7]
