@@ -426,9 +426,9 @@ class Loop:
     """The launches and cuBLAS products of one pass, with the least host work per call.
 
     Use as a context manager around the pass. A product of at most LT_MAX_MACS
-    multiply-adds, whose sums have at most LT_MAX_K terms, goes through cuBLASLt with the algorithm chosen for its shape once
-    (_cublaslt.Products: one library call on the host); a larger one through cuBLAS' GEMM,
-    for which, at the first such product, it binds cuBLAS' handle to the pass's stream, sets
+    multiply-adds, whose sums have at most LT_MAX_K terms, goes through cuBLASLt with the
+    algorithm chosen for its shape once (_cublaslt.Products: one library call on the host);
+    any other through cuBLAS' GEMM, for which, at the first such product, it binds cuBLAS' handle to the pass's stream, sets
     its pointer mode to host and its math mode to the pass's `math` (math_mode) (and
     restores both after). It keeps alpha and beta in host arrays, and packs a per-step
     kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one library
