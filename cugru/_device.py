@@ -49,9 +49,13 @@ def kernel(family: str, name: str, params: tuple | None = None):
 #: bytes are kept between calls and reused, one set per shape, device, stream and thread:
 #: a call on a small shape then allocates only what it returns. 0 turns the reuse off (the
 #: GPU tests do, so that each call's buffers start as the NaN they poison them with).
-SCRATCH_BYTES = 1 << 22
-#: at most this many temporaries are kept (the least recently used go first)
+#: (16 MiB: the input projections of S1 and S2, 4.7 and 9.4 MiB, are kept; their
+#: inference calls wait on the host, two allocations of a call among what it waits on)
+SCRATCH_BYTES = 1 << 24
+#: at most this many sets are kept, of at most this many bytes together (the least
+#: recently used go first)
 SCRATCH_ENTRIES = 64
+SCRATCH_KEPT_BYTES = 1 << 26
 _SCRATCH: dict = {}
 _SCRATCH_LOCK = threading.Lock()
 
@@ -62,6 +66,10 @@ def clear_scratch() -> None:
         _SCRATCH.clear()
 
 
+def _set_bytes(arrays) -> int:
+    return sum(a.nbytes for a in arrays)
+
+
 def scratch(name, dtype, *shapes):
     """The temporary arrays of a pass (`name` tells the pass's sets apart), one per shape:
     reused from an earlier call on this device, stream and thread where small enough
@@ -69,7 +77,8 @@ def scratch(name, dtype, *shapes):
     orders the calls that share them; other streams and threads get their own."""
     cp = runtime.cupy_module()
     dt = np.dtype(dtype)
-    if _elements(shapes) * dt.itemsize > SCRATCH_BYTES:
+    nbytes = _elements(shapes) * dt.itemsize
+    if nbytes > SCRATCH_BYTES:
         return tuple(cp.empty(s, dt) for s in shapes)
     stream = cp.cuda.get_current_stream().ptr
     if capturing(cp, stream):
@@ -81,8 +90,10 @@ def scratch(name, dtype, *shapes):
         arrays = _SCRATCH.pop(key, None)
         if arrays is None:
             arrays = outputs(dt, *shapes)
-            while len(_SCRATCH) >= SCRATCH_ENTRIES:
-                _SCRATCH.pop(next(iter(_SCRATCH)))
+            kept = sum(_set_bytes(v) for v in _SCRATCH.values())
+            while _SCRATCH and (len(_SCRATCH) >= SCRATCH_ENTRIES
+                                or kept + nbytes > SCRATCH_KEPT_BYTES):
+                kept -= _set_bytes(_SCRATCH.pop(next(iter(_SCRATCH))))
         _SCRATCH[key] = arrays      # (most recently used last)
     return arrays
 
@@ -428,9 +439,9 @@ class Loop:
     Use as a context manager around the pass. A product of at most LT_MAX_MACS
     multiply-adds, whose sums have at most LT_MAX_K terms, goes through cuBLASLt with the
     algorithm chosen for its shape once (_cublaslt.Products: one library call on the host);
-    any other through cuBLAS' GEMM, for which, at the first such product, it binds cuBLAS' handle to the pass's stream, sets
-    its pointer mode to host and its math mode to the pass's `math` (math_mode) (and
-    restores both after). It keeps alpha and beta in host arrays, and packs a per-step
+    any other through cuBLAS' GEMM, for which, at the first such product, it binds cuBLAS'
+    handle to the pass's stream, sets its pointer mode to host and its math mode to the
+    pass's `math` (math_mode) (and restores both after). It keeps alpha and beta in host arrays, and packs a per-step
     kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one library
     call. GEMM operands are raw addresses (ints); the caller keeps the arrays alive. The
     GEMMs go straight to the libraries (_Cublas, _cublaslt.Library), so a pass may be
@@ -489,12 +500,6 @@ class Loop:
             self._bind_handle()
             return
         self._lt = products
-        # (the products that take cuBLAS' GEMM run the handle's math mode with its flags:
-        # Loop.replay's key names it, as it does where every product takes cuBLAS' GEMM)
-        mode = ctypes.c_int(0)
-        self._direct.check(self._direct.get_math(self.handle, ctypes.byref(mode)),
-                           "getMathMode")
-        self._math_mode = ("cublasLt", math_mode(mode.value, self.math))
 
     def _bind_handle(self):
         """Bind cuBLAS' handle to the pass: its stream, host pointer mode and math mode
@@ -545,8 +550,9 @@ class Loop:
                 or capturing(cp, self.stream):
             issue(self)
             return
-        key = (key, self.dtype.char, self._math_mode, cp.cuda.runtime.getDevice(),
-               self.stream, threading.get_ident())
+        math = self._math_mode if self._math_mode is not None else self._lt_math_mode()
+        key = (key, self.dtype.char, math, cp.cuda.runtime.getDevice(), self.stream,
+               threading.get_ident())
         got = _GRAPHS.get(key)
         if got is EAGER:
             issue(self)
@@ -565,6 +571,16 @@ class Loop:
                 return
             _GRAPHS.put(key, got)
         got.launch(stream)
+
+    def _lt_math_mode(self):
+        """The math mode a replay's key names where the pass's products went through
+        cuBLASLt and none yet through cuBLAS' GEMM: a product the recurrence sends to cuBLAS'
+        GEMM runs the handle's mode with its flags (read here, on the replays alone, not
+        on every pass)."""
+        mode = ctypes.c_int(0)
+        self._direct.check(self._direct.get_math(self.handle, ctypes.byref(mode)),
+                           "getMathMode")
+        return "cublasLt", math_mode(mode.value, self.math)
 
     def _capture(self, cp, issue):
         """``issue``'s calls captured, on a side stream of this device and thread, into an

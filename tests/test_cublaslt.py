@@ -302,8 +302,8 @@ def test_a_small_short_product_takes_cublaslt_and_leaves_the_handle_alone(stubs)
     alpha, beta = _device._host_scalars("f")[1.0], _device._host_scalars("f")[1.0]
     assert args == (77, 11, alpha, 0x1000, 12, 0x2010, 13, beta, 0x3000, 14, 0x3000, 14, 15,
                     None, 0, 7)
-    # (the handle is only read, for the graph key: its math mode with the pass's math)
-    assert direct.calls == [("get_math",)] and loop._math_mode == ("cublasLt", 3)
+    # (the handle is left alone: not even read, as no replay needs its math mode)
+    assert direct.calls == [] and loop._math_mode is None
 
 
 @pytest.mark.parametrize("kw", [dict(k=_device.LT_MAX_K + 1),
@@ -312,8 +312,7 @@ def test_long_sums_and_large_products_take_cublas_gemm(stubs, kw):
     cp, direct, products, f32 = stubs
     with _device.Loop(f32) as loop:
         _product(loop, **kw)
-        assert [c[0] for c in direct.calls] == ["get_math", "set_mode", "get_math",
-                                                  "set_stream", "gemm"]
+        assert [c[0] for c in direct.calls] == ["set_mode", "get_math", "set_stream", "gemm"]
     assert not products.matmuls and not products.asked
     assert direct.calls[-1] == ("set_mode", 0)          # (the handle's pointer mode restored)
 
@@ -340,3 +339,25 @@ def test_a_capture_puts_the_handle_back_on_the_pass_stream(stubs):
     assert loop._capture(cp, issue) == "graph"
     streams = [c[1] for c in direct.calls if c[0] == "set_stream"]
     assert streams == [9, 7]
+
+
+def test_a_replay_names_the_handle_math_mode_in_its_key_reading_it_then(stubs, monkeypatch):
+    """Where the products took cuBLASLt, the handle's math mode is read for a replay's key
+    alone (a product of the recurrence that takes cuBLAS' GEMM runs that mode)."""
+    cp, direct, products, f32 = stubs
+    keys = []
+
+    class Graphs:
+        def get(self, key):
+            keys.append(key)
+            return _device.EAGER
+    monkeypatch.setattr(_device, "_GRAPHS", Graphs())
+    monkeypatch.setattr(_device, "GRAPHS", True)
+    ran = []
+    with _device.Loop(f32, math="tf32", plain=False) as loop:
+        _product(loop)
+        assert direct.calls == []
+        loop.replay(("recurrence",), lambda inner: ran.append(inner))
+    assert ran == [loop] and direct.calls == [("get_math",)]
+    (key,) = keys
+    assert key[:3] == (("recurrence",), "f", ("cublasLt", 3)) and key[3:5] == (0, 7)

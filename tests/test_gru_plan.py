@@ -1173,3 +1173,37 @@ def test_math_reaches_every_product_of_a_pass(host_device, rng, plan):
 def plans_args(dev, p):
     from cugru._args import forward_args
     return forward_args(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)), True, True)
+
+
+def test_scratch_keeps_sets_within_the_byte_and_entry_bounds(monkeypatch):
+    """_device.scratch hands a set back to the next call of its key, and keeps at most
+    SCRATCH_KEPT_BYTES (and SCRATCH_ENTRIES sets) in all, the least recently used going
+    first; a set above SCRATCH_BYTES is never kept."""
+    stream = types.SimpleNamespace(ptr=5)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: stream,
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, streamIsCapturing=lambda s: 0,
+                                      CUDARuntimeError=RuntimeError)))
+    from cukernels import runtime
+    monkeypatch.setattr(runtime, "cupy_module", lambda: fake)
+    monkeypatch.setattr(_device, "outputs",
+                        lambda dt, *shapes: tuple(np.zeros(s, dt) for s in shapes))
+    fake.empty = lambda s, dt: np.zeros(s, dt)
+    monkeypatch.setattr(_device, "_SCRATCH", {})
+    monkeypatch.setattr(_device, "SCRATCH_BYTES", 60)
+    monkeypatch.setattr(_device, "SCRATCH_KEPT_BYTES", 100)
+    monkeypatch.setattr(_device, "SCRATCH_ENTRIES", 64)
+    f4 = np.float32
+    a = _device.scratch("a", f4, (10,))            # 40 bytes each
+    assert _device.scratch("a", f4, (10,))[0] is a[0]
+    b = _device.scratch("b", f4, (10,))
+    c = _device.scratch("c", f4, (5,), (5,))       # 40 more: "a" (least recent) goes
+    assert [k[0] for k in _device._SCRATCH] == ["b", "c"]
+    assert _device.scratch("b", f4, (10,))[0] is b[0]
+    assert _device.scratch("c", f4, (5,), (5,))[1] is c[1]
+    assert _device.scratch("a", f4, (10,))[0] is not a[0]
+    big = _device.scratch("big", f4, (16,))        # 64 bytes > SCRATCH_BYTES: not kept
+    assert "big" not in [k[0] for k in _device._SCRATCH] and big[0].shape == (16,)
+    monkeypatch.setattr(_device, "SCRATCH_ENTRIES", 1)
+    _device.scratch("d", f4, (1,))
+    assert [k[0] for k in _device._SCRATCH] == ["d"]
