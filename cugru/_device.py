@@ -441,11 +441,11 @@ class Loop:
     algorithm chosen for its shape once (_cublaslt.Products: one library call on the host);
     any other through cuBLAS' GEMM, for which, at the first such product, it binds cuBLAS'
     handle to the pass's stream, sets its pointer mode to host and its math mode to the
-    pass's `math` (math_mode) (and restores both after). It keeps alpha and beta in host arrays, and packs a per-step
-    kernel's arguments once (``kernel``), so a step costs one cuLaunchKernel and one library
-    call. GEMM operands are raw addresses (ints); the caller keeps the arrays alive. The
-    GEMMs go straight to the libraries (_Cublas, _cublaslt.Library), so a pass may be
-    captured into a CUDA graph.
+    pass's `math` (math_mode) (and restores both after). It keeps alpha and beta in host
+    arrays, and packs a per-step kernel's arguments once (``kernel``), so a step costs one
+    cuLaunchKernel and one library call. GEMM operands are raw addresses (ints); the caller
+    keeps the arrays alive. The GEMMs go straight to the libraries (_Cublas,
+    _cublaslt.Library), so a pass may be captured into a CUDA graph.
     """
 
     _cublas = None
