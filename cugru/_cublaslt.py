@@ -40,6 +40,15 @@ ENTRIES = 512
 MAX_ALIGNMENT = 256
 
 
+def status_check(library):
+    """A check(status, what) for `library`'s calls (cuBLAS and cuBLASLt alike): an error
+    naming the library, the call and its status where the status is not 0."""
+    def check(status, what):
+        if status != 0:
+            raise RuntimeError(f"{library} {what} failed with status {status}")
+    return check
+
+
 class HeuristicResult(ctypes.Structure):    # cublasLtMatmulHeuristicResult_t
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
                 ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
@@ -76,10 +85,7 @@ class Library:
         lib.cublasLtGetVersion.restype = ctypes.c_size_t
         self.version = lib.cublasLtGetVersion()
 
-    @staticmethod
-    def check(status, what):
-        if status != 0:
-            raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
+    check = staticmethod(status_check("cuBLASLt"))
 
 
 class Product:

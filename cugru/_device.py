@@ -240,10 +240,7 @@ class _Cublas:
         for fn in (self.set_stream, self.get_mode, self.set_mode, self.get_math, self.set_math):
             fn.restype = ctypes.c_int
 
-    @staticmethod
-    def check(status, what):
-        if status != 0:
-            raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+    check = staticmethod(_cublaslt.status_check("cuBLAS"))
 
 
 _CUBLAS: dict = {}
@@ -309,6 +306,7 @@ LT_MAX_MACS = 1 << 27
 #: path's products at H = 650-700, B = 20 took 2.3x the time through it: bench.paths)
 LT_MAX_K = 256
 _LT_PRODUCTS: dict = {}
+_LT_LOCK = threading.Lock()
 
 
 def products_on(lib):
@@ -318,7 +316,7 @@ def products_on(lib):
     device_id = runtime.cupy_module().cuda.runtime.getDevice()
     got = _LT_PRODUCTS.get(device_id)
     if got is None:
-        with _SCRATCH_LOCK:
+        with _LT_LOCK:
             got = _LT_PRODUCTS.get(device_id)
             if got is None:
                 try:

@@ -361,3 +361,10 @@ def test_a_replay_names_the_handle_math_mode_in_its_key_reading_it_then(stubs, m
     assert ran == [loop] and direct.calls == [("get_math",)]
     (key,) = keys
     assert key[:3] == (("recurrence",), "f", ("cublasLt", 3)) and key[3:5] == (0, 7)
+
+
+def test_both_libraries_checks_name_the_library_the_call_and_the_status():
+    for check, library in ((_device._Cublas.check, "cuBLAS"), (lt.Library.check, "cuBLASLt")):
+        check(0, "anything")
+        with pytest.raises(RuntimeError, match=f"^{library} setStream failed with status 7$"):
+            check(7, "setStream")
