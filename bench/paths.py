@@ -6,8 +6,8 @@ beside the tiles' edges (H not a multiple of the 16-byte pack next to one that i
     python -m bench.paths [--shapes S1,O1,A1,...] [--dtypes float32,float64] [--repeat N] [--json FILE]
 
 For each shape and pass (train step, inference): the device time of path="auto", "steps"
-and "fast" (fast_plan's split, where one fits), the plan each runs, and auto's time over
-the fastest of the three. A shape where auto is more than SLACK slower is listed.
+and "fast" (fast_plan's split, where one fits), timed in turn over ROUNDS rounds (the
+median of the rounds), the plan each runs, and auto's time over the fastest of the three. A shape where auto is more than SLACK slower is listed.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ PATHS = ("auto", "steps", "fast")
 #: auto may be this much slower than the fastest of our paths before a shape is listed (two
 #: runs of one path differ by a few percent)
 SLACK = 1.05
+#: rounds over which the paths of a shape are timed in turn (timing.interleaved_gpu_us)
+ROUNDS = 5
 
 
 def plan_name(plan) -> str:
@@ -71,12 +73,17 @@ def run(ids, repeat, dtypes=("float32",)):
             p = make_problem(T, B, I, H, bi, dtype=np.dtype(dt))
             row = {"id": sid, "shape": [T, B, I, H, bi], "why": why, "dtype": dt}
             n = timing.repeats_for(T, repeat)
+            calls = {}
             for path in PATHS:
                 names = plans_of(path, T, B, I, H, D, dt)
                 row[f"{path} plans"] = names
-                if names is None:        # (path="fast" where no split fits)
-                    continue
-                timing.time_passes(row, path, ours_calls(p, cp, path), n)
+                if names is not None:        # (path="fast" where no split fits)
+                    train, infer = ours_calls(p, cp, path)
+                    calls[f"{path} train ms"], calls[f"{path} infer ms"] = train, infer
+            # (the paths in turn, over rounds: auto and a path running the same plan are
+            # then timed over the same stretches of a host whose pace drifts)
+            for key, us in timing.interleaved_gpu_us(calls, n, ROUNDS).items():
+                row[key] = us / 1e3
             rows.append(row)
             print(f"  {sid} {dt}: {row}", file=sys.stderr, flush=True)
     return rows
@@ -88,8 +95,19 @@ def over_best(row, kind):
     return row[f"auto {kind} ms"] / min(times)
 
 
+def same_plans(row, path, kind):
+    """Whether `path` runs the plans path="auto" runs for `kind` (train: both passes'; infer:
+    the forward pass's)."""
+    ours, theirs = row["auto plans"], row[f"{path} plans"]
+    if theirs is None:
+        return False
+    return tuple(ours) == tuple(theirs) if kind == "train" else ours[0] == theirs[0]
+
+
 def slower(rows):
-    """The lines naming each shape and pass where auto is more than SLACK over the best."""
+    """The lines naming each shape and pass where auto is more than SLACK over the best; a
+    best path that runs auto's very plans is said to (its gap is the host's pace between
+    the timings, not the planner's choice)."""
     out = []
     for r in rows:
         for kind in ("train", "infer"):
@@ -97,8 +115,12 @@ def slower(rows):
             if ratio > SLACK:
                 best = min((p for p in PATHS if f"{p} {kind} ms" in r),
                            key=lambda p: r[f"{p} {kind} ms"])
-                out.append(f"- {r['id']} {r['dtype']} {kind}: auto {ratio:.2f}x the time of "
-                           f"path='{best}'")
+                line = (f"- {r['id']} {r['dtype']} {kind}: auto {ratio:.2f}x the time of "
+                        f"path='{best}'")
+                if same_plans(r, best, kind):
+                    line += (", which runs the same plans (the host's pace between the "
+                             "timings, not the choice)")
+                out.append(line)
     return out
 
 

@@ -97,7 +97,7 @@ def measure(repeat=100):
             x, h0, *w, dy = _problem(cp, T, B, I, H, D)
             w = tuple(w)
             fast = plans.fast_plan(B, H, D, np.float32)
-            other = "fast" if plans.auto_takes(fast, B, H) else "steps"
+            other = "fast" if plans.auto_takes(fast, B, H, D) else "steps"
             runs = {"auto": _ours(x, h0, w, dy, bi, "auto"),
                     "other": _ours(x, h0, w, dy, bi, other)}
             if plans.SMALL.fits(B, H, D):

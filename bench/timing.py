@@ -197,6 +197,19 @@ def repeats_for(T, repeat):
     return max(3, repeat // 4) if T >= 1000 else repeat
 
 
+def interleaved_gpu_us(fns, n_repeat=30, rounds=3):
+    """{name: median device µs of one call} of several callables (a dict), timed in turn
+    over `rounds` rounds of gpu_time_us (n_repeat calls each, at least 3 per round) and the
+    median of the rounds taken: a host whose pace drifts within a run (host-bound calls)
+    then weighs on each callable alike, not on whichever ran in a slow stretch."""
+    per = max(3, n_repeat // rounds)
+    got = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            got[name].append(gpu_time_us(fn, n_repeat=per))
+    return {name: float(np.median(v)) for name, v in got.items()}
+
+
 def time_passes(row, who, calls, n):
     """row["<who> train ms"] and row["<who> infer ms"]: the device time (ms, gpu_time_us
     over n calls) of `calls`, a (train step, inference) pair of callables."""

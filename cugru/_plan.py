@@ -35,11 +35,16 @@ from . import _catalog as cat
 from . import _device as dev
 from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 
-#: path="auto" takes the persist kernels up to this much recurrent work per step and
-#: direction (B * 3H * H multiply-adds), the per-step path beyond: measured on an H100 (see
-#: docs/performance.md), they won up to S5/S6 and tied on S3 (12.6 M), and the per-step
-#: path's cuBLAS products won from S8 (50 M) on
+#: path="auto" takes the persist kernels for a backward pass only (their forward pass took
+#: 1.1-3.1x the per-step path's time on every shape measured, B = 1-16, H = 768-1536,
+#: tools/persist_probe.py, docs/performance.md), and there only with both directions, at
+#: least PERSIST_AUTO_MIN_ROWS batch rows and up to PERSIST_AUTO_MAX_WORK recurrent work per
+#: step and direction (B * 3H * H multiply-adds). With both directions the per-step path's
+#: backward products (one cuBLAS call over the two) took 37-69 µs a step at B = 2-8 where
+#: the persist kernels took 24-44; at B = 1, with one direction, and beyond the work bound
+#: (S3's 12.6 M tied, S8's 50 M lost) the per-step path won
 PERSIST_AUTO_MAX_WORK = 1 << 24
+PERSIST_AUTO_MIN_ROWS = 2
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
 #: the whole recurrence), the per-step path beyond (see docs/performance.md). Measured on an
 #: H100 at a6080ba (bench.paths), with the per-step path replaying CUDA graphs: at 3 waves
@@ -657,12 +662,14 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
     return None
 
 
-def auto_takes(plan, B, H):
-    """Whether path="auto" runs `plan` (from fast_plan) rather than the per-step path."""
+def auto_takes(plan, B, H, D=1, backward=False):
+    """Whether path="auto" runs `plan` (from fast_plan) rather than the per-step path, for
+    the forward pass (or with `backward` the backward pass) of D directions."""
     if plan is None:
         return False
     if isinstance(plan, PersistPlan):
-        return B * 3 * H * H <= PERSIST_AUTO_MAX_WORK
+        return (backward and D > 1 and B >= PERSIST_AUTO_MIN_ROWS
+                and B * 3 * H * H <= PERSIST_AUTO_MAX_WORK)
     return plan.cluster > 0 or -(-plan.groups // plan.slots) <= GRID_AUTO_MAX_WAVES
 
 
@@ -691,7 +698,7 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "
                                  "(docs/gru-design.md lists its limits); use path='auto' or "
                                  "'steps'")
-            if path == "fast" or auto_takes(fast, B, H):
+            if path == "fast" or auto_takes(fast, B, H, D, backward):
                 plan = fast
         _CHOSEN[key] = plan
     return plan

@@ -20,18 +20,18 @@ from ._args import HALF_DTYPES, backward_args, check_math, forward_args
 from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA graphs)
 from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
                        TILES, tile_has, tile_runs_on)
-from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK, SMALL,  # noqa: F401
-                    SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, SmallPlan,
-                    StepsPlan, TilePlan, auto_takes, choose, fast_plan, groups_at_once,
+from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
+                    PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
+                    STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan, groups_at_once,
                     persist_cost, persist_split, resident, small_chain, small_takes,
                     tile_rank, tile_split)
 
 
 __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
            "tile_has",
-           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "SMALL", "SMALL_AUTO_MAX_CHAIN",
-           "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan", "small_chain", "small_takes",
-           "StepsPlan",
+           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
+           "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
+           "small_chain", "small_takes", "StepsPlan",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "forward",
            "backward_recurrence", "backward_tail", "backward", "step_pieces", "use_graphs",

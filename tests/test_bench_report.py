@@ -216,6 +216,13 @@ def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():
         == ["- O2 float32 train: auto 1.20x the time of path='steps'",
             "- O2 float32 infer: auto 1.20x the time of path='steps'"]
     assert paths.markdown(rows[:1])[-1] == "- none"
+    # a faster path that runs auto's very plans (as JSON gives them back: lists) is said to
+    same = row("O4", 1.2, 2.0, 1.0)
+    same["auto plans"], same["fast plans"] = ["tile", "tile"], ["tile", "tile"]
+    assert paths.slower([same]) == [
+        f"- O4 float32 {kind}: auto 1.20x the time of path='fast', which runs the same "
+        "plans (the host's pace between the timings, not the choice)"
+        for kind in ("train", "infer")]
 
 
 def test_the_dtypes_report_shows_every_row_geomeans_per_table_and_each_shape_below_1x():
@@ -242,3 +249,20 @@ def test_the_dtypes_report_shows_every_row_geomeans_per_table_and_each_shape_bel
     assert dtypes.markdown([row("S1", "bfloat16", 0.5, 0.5)])[-1] == "- none"
     with pytest.raises(SystemExit):
         dtypes.main(["--precisions", "fp8"])
+
+
+def test_interleaved_timing_takes_the_callables_in_turn_and_the_median_of_rounds(
+        monkeypatch):
+    """bench.timing.interleaved_gpu_us: each round times every callable once, in the dict's
+    order; a callable's result is the median of its rounds (a slow stretch of the host in
+    one round moves neither)."""
+    from bench import timing
+    order, pace = [], iter([10, 20, 100, 200, 11, 21])      # round 2: the host at a crawl
+
+    def fake(fn, n_repeat):
+        order.append((fn, n_repeat))
+        return next(pace)
+    monkeypatch.setattr(timing, "gpu_time_us", fake)
+    got = timing.interleaved_gpu_us({"a": "A", "b": "B"}, n_repeat=7, rounds=3)
+    assert order == [("A", 3), ("B", 3)] * 3
+    assert got == {"a": 11.0, "b": 21.0}

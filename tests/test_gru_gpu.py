@@ -510,6 +510,28 @@ def test_small_path_pairs_with_the_other_plans(cp, rng, monkeypatch, other, smal
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, p))], p, np.float64)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_auto_runs_a_persist_backward_after_a_per_step_forward(cp, rng, dtype):
+    """Where fast_plan gives a persist split (B = 3, H = 768, both directions: no tile split
+    holds it), path="auto" runs the forward pass per step and the backward pass on the
+    persist kernels (plans.auto_takes); the pair gives the oracle's results, the same bits
+    on a second run."""
+    T, B, I, H = 4, 3, 5, 768
+    fast = plans.fast_plan(B, H, 2, dtype, backward=True)
+    if dtype == np.float64 and not isinstance(fast, plans.PersistPlan):
+        pytest.skip(f"fast_plan gives {fast} for this shape in float64 on this GPU")
+    assert isinstance(fast, plans.PersistPlan), fast
+    f = np.dtype(dtype)
+    assert plans.choose("auto", B, H, 2, f, False, T, I) is plans.STEPS
+    assert plans.choose("auto", B, H, 2, f, True, T, I) == fast
+    p = problem(rng, T, B, I, H, True)
+    g = to_gpu(cp, cast(p, dtype))
+    got = [cp.asnumpy(a) for a in run(g)]
+    _check(got, p, dtype)
+    again = [cp.asnumpy(a) for a in run(g)]
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
 def _run_plan(cp, monkeypatch, p, dtype, plan):
     """Forward and backward through the public functions with the fast path forced to `plan`."""
     monkeypatch.setattr(_plan, "choose", lambda *a: plan)

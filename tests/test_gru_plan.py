@@ -931,6 +931,31 @@ def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
     assert plans.choose("auto", 1, 1, 1, f32) is plans.STEPS
 
 
+def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(monkeypatch):
+    """path="auto" runs a persist split (fast_plan's choice where no tile split holds the
+    shape) for the backward pass of two directions with at least PERSIST_AUTO_MIN_ROWS rows
+    and at most PERSIST_AUTO_MAX_WORK work per step; every forward pass, one direction,
+    B = 1 and larger work take the per-step path. path="fast" keeps the persist split."""
+    from cugru import _plan
+    persist = plans.PersistPlan(57, 18, 4, 1024, 1024, 100_000, 100_000)
+    f32 = np.dtype(np.float32)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_plan, "fast_plan", lambda *a: persist)   # (no GPU to plan on)
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(id=0))
+    B, H = 3, 1024                                                  # O5
+    assert B * 3 * H * H <= plans.PERSIST_AUTO_MAX_WORK
+    assert plans.choose("auto", B, H, 2, f32, backward=True) is persist
+    assert plans.choose("auto", B, H, 2, f32, backward=False) is plans.STEPS
+    assert plans.choose("fast", B, H, 2, f32, backward=False) is persist
+    assert plans.choose("auto", B, H, 1, f32, backward=True) is plans.STEPS
+    assert plans.choose("auto", 1, H, 2, f32, backward=True) is plans.STEPS
+    big = 16                     # 16 x 3 x 1024^2 passes the work bound
+    assert big * 3 * H * H > plans.PERSIST_AUTO_MAX_WORK
+    assert plans.choose("auto", big, H, 2, f32, backward=True) is plans.STEPS
+    assert plans.auto_takes(persist, 2, 768, 2, backward=True)
+    assert not plans.auto_takes(persist, 2, 768, 2)
+    assert not plans.auto_takes(None, 2, 768, 2, backward=True)
+
 def test_small_path_on_numpy_runs_the_oracle(rng):
     p = problem(rng, 3, 2, 4, 5, True)
     ref = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
