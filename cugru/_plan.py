@@ -565,12 +565,15 @@ def tile_rank(plan, D, groups_at_once):
     threads, then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block
     kernels beat the 2- and 8-block ones forward, by 6-9%, and, since the warps with
     pointwise steps leave the product to the others, backward too: 0.71-0.76 against
-    0.79-0.82 µs a step); then the most rows per group (fewer groups busy)."""
+    0.79-0.82 µs a step); last, the fewest rows per group, so that as many groups run as
+    the same waves hold, each with a shorter step (tools/rows_probe.py: S3 and S5 4-5%
+    faster in both passes at 5 rows than at 8, O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27%
+    at 2-3 rows against 8; docs/performance.md)."""
     waves = -(-(plan.groups * D) // max(1, groups_at_once))
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
     return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
-            abs(plan.per_thread - 2), plan.threads, size, -plan.rows)
+            abs(plan.per_thread - 2), plan.threads, size, plan.rows)
 
 
 def resident(plan, D, at_once):

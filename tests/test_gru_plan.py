@@ -707,6 +707,17 @@ def _splits(B, H, tile, itemsize):
             yield rows, plan
 
 
+def test_tile_rank_takes_the_fewest_rows_per_group_that_the_fewest_waves_hold():
+    """Of one tile kernel's splits, fast_plan's ranking takes the fewest waves of groups, and
+    among those the fewest rows per group: S3 (B = 64) on clusters of 8 with 13 groups at
+    once runs 13 groups of 5 rows (4 rows would need 16 groups, two waves), not 8 of 8."""
+    tile = (8, 8, 8, 256, 1)
+    ranked = sorted((plans.tile_rank(plan, 1, 13), rows)
+                    for rows, plan in _splits(64, 256, tile, 4))
+    assert [rows for _, rows in ranked][:4] == [5, 6, 7, 8]
+    assert ranked[0][0][0] == 1 and ranked[4][0][0] == 2       # (waves: one, then two)
+
+
 @pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512, 1024,
                                1028, 2048])
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
