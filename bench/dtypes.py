@@ -13,7 +13,8 @@ The precisions (float32 strict is bench.gru's and bench.offtable's):
             product in float32)
 For each shape (S1-S10 by default, the off-table shapes O1-O16 on request) and precision,
 a train step (forward + backward with a given dy) and a forward-only inference pass,
-path="auto", device time (CUDA events around back-to-back calls, bench.timing); ratio =
+path="auto", device time (CUDA events around back-to-back calls, ours and cuDNN's in turn
+over three rounds, bench.timing); ratio =
 cuDNN's time / ours. The inputs are drawn in float32 and rounded to the precision's dtype,
 the same values for both. Goals: geomean >= 2x in each precision, train and inference, no
 shape below 1x; the shapes below are listed under the table. Accuracy in these precisions
@@ -58,9 +59,9 @@ def run(ids, repeat, precisions):
                  for k, v in base.items()}
             row = {"id": sid, "shape": [T, B, I, H, bi], "precision": prec}
             n = timing.repeats_for(T, repeat)
-            timing.time_passes(row, "ours", ours_calls(p, cp, "auto", math), n)
-            timing.time_passes(row, "cudnn", torch_gru_calls(torch, p, "cuda", tf32,
-                                                             getattr(torch, dt)), n)
+            timing.time_passes(row, {"ours": ours_calls(p, cp, "auto", math),
+                                     "cudnn": torch_gru_calls(torch, p, "cuda", tf32,
+                                                              getattr(torch, dt))}, n)
             rows.append(row)
             print(f"  {sid} {prec}: {row}", file=sys.stderr, flush=True)
     return rows
@@ -78,7 +79,7 @@ def below_floor(rows):
 
 def markdown(rows):
     out = ["cugru (path='auto') against torch.nn.GRU on cuDNN in the same precision, device "
-           "time, ms; ratio = cuDNN / ours. tf32: float32 data, ours math='tf32', cuDNN with "
+           "time, ms (ours and cuDNN's in turn over three rounds); ratio = cuDNN / ours. tf32: float32 data, ours math='tf32', cuDNN with "
            "TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with its "
            "default math for half data, 'tf32', or with math='strict' (-strict: every "
            "product in float32).", "",

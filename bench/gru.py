@@ -331,13 +331,21 @@ def run(shape_ids, repeat, cpu=True):
         labels = dict(OURS)
         if gru_report.auto_label(row) == "auto":   # the passes differ, or the small path
             labels["auto"] = "auto"
+        calls = {}
         for label, path in labels.items():
             if path == "fast" and row["fast"] is None:
                 continue
-            train, infer = ours_calls(p, cp, path)
-            row["train"][label] = timing.gpu_time_us(train, n_repeat=repeat) / 1e3
-            row["infer"][label] = timing.gpu_time_us(infer, n_repeat=repeat) / 1e3
-            row["host"][label] = timing.host_us_per_call_issued(train, T)
+            calls[label] = ours_calls(p, cp, path)
+            row["host"][label] = timing.host_us_per_call_issued(calls[label][0], T)
+        if torch is not None:
+            for label, tf32 in (("cuDNN strict", False), ("cuDNN TF32", True)):
+                calls[label] = torch_gru_calls(torch, p, "cuda", tf32)
+        # (ours and cuDNN's in turn, over rounds: a host whose pace drifts weighs on both)
+        timed = {}
+        timing.time_passes(timed, calls, repeat)
+        for label in calls:
+            for kind in ("train", "infer"):
+                row[kind][label] = timed[f"{label} {kind} ms"]
         plain_train, plain_infer = ours_calls(p, cp, "steps")
         with graphs_off():
             row["train"]["steps, no graphs"] = timing.gpu_time_us(plain_train,
@@ -348,10 +356,6 @@ def run(shape_ids, repeat, cpu=True):
         with plain_launch():
             row["host"]["steps, CuPy launch"] = timing.host_us_per_call_issued(plain_train, T)
         if torch is not None:
-            for label, tf32 in (("cuDNN strict", False), ("cuDNN TF32", True)):
-                train, infer = torch_gru_calls(torch, p, "cuda", tf32)
-                row["train"][label] = timing.gpu_time_us(train, n_repeat=repeat) / 1e3
-                row["infer"][label] = timing.gpu_time_us(infer, n_repeat=repeat) / 1e3
             if not bi:
                 row["train"]["naive torch loop"] = timing.gpu_time_us(
                     naive_train_call(torch, p), n_repeat=max(5, repeat // 4)) / 1e3

@@ -78,12 +78,10 @@ def run(ids, repeat, dtypes=("float32",)):
                 names = plans_of(path, T, B, I, H, D, dt)
                 row[f"{path} plans"] = names
                 if names is not None:        # (path="fast" where no split fits)
-                    train, infer = ours_calls(p, cp, path)
-                    calls[f"{path} train ms"], calls[f"{path} infer ms"] = train, infer
+                    calls[path] = ours_calls(p, cp, path)
             # (the paths in turn, over rounds: auto and a path running the same plan are
             # then timed over the same stretches of a host whose pace drifts)
-            for key, us in timing.interleaved_gpu_us(calls, n, ROUNDS).items():
-                row[key] = us / 1e3
+            timing.time_passes(row, calls, n, ROUNDS)
             rows.append(row)
             print(f"  {sid} {dt}: {row}", file=sys.stderr, flush=True)
     return rows

@@ -3,8 +3,10 @@
 Device times: a CUDA event pair around each call, the calls issued back to back with one
 synchronization at the end (as Triton's do_bench does): the host runs ahead, so each
 interval is the device time of one call, for ours and the baselines alike, and not the
-host's Python overhead. Host times: the wall clock over back-to-back calls. Warm-up calls
-keep compilation, module load and handle creation outside every timed region.
+host's Python overhead. Ours and a baseline are timed in turn over rounds (time_passes):
+a host whose pace drifts within a run, as the small calls' hosts do, then weighs on both.
+Host times: the wall clock over back-to-back calls. Warm-up calls keep compilation, module
+load and handle creation outside every timed region.
 """
 from __future__ import annotations
 
@@ -210,11 +212,18 @@ def interleaved_gpu_us(fns, n_repeat=30, rounds=3):
     return {name: float(np.median(v)) for name, v in got.items()}
 
 
-def time_passes(row, who, calls, n):
-    """row["<who> train ms"] and row["<who> infer ms"]: the device time (ms, gpu_time_us
-    over n calls) of `calls`, a (train step, inference) pair of callables."""
-    for kind, fn in zip(("train", "infer"), calls):
-        row[f"{who} {kind} ms"] = gpu_time_us(fn, n_repeat=n) / 1e3
+#: rounds over which the benchmarks time ours and the baselines in turn (interleaved_gpu_us)
+ROUNDS = 3
+
+
+def time_passes(row, calls, n, rounds=ROUNDS):
+    """row["<who> train ms"] and row["<who> infer ms"] for each `who` of `calls` (a dict of
+    (train step, inference) pairs of callables): the device time in ms, ours and the
+    baselines timed in turn over `rounds` rounds of n calls in all (interleaved_gpu_us)."""
+    fns = {f"{who} {kind} ms": fn for who, pair in calls.items()
+           for kind, fn in zip(("train", "infer"), pair)}
+    for key, us in interleaved_gpu_us(fns, n, rounds).items():
+        row[key] = us / 1e3
 
 
 def geomean(values):

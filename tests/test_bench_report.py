@@ -266,3 +266,20 @@ def test_interleaved_timing_takes_the_callables_in_turn_and_the_median_of_rounds
     got = timing.interleaved_gpu_us({"a": "A", "b": "B"}, n_repeat=7, rounds=3)
     assert order == [("A", 3), ("B", 3)] * 3
     assert got == {"a": 11.0, "b": 21.0}
+
+
+def test_time_passes_times_every_pass_of_ours_and_the_baselines_in_turn(monkeypatch):
+    """bench.timing.time_passes: row["<who> <pass> ms"] for each pair of (train, inference)
+    callables, every one of them timed once per round, in turn, in ms."""
+    from bench import timing
+    order = []
+
+    def fake(fn, n_repeat):
+        order.append(fn)
+        return {"ot": 1000.0, "oi": 500.0, "ct": 3000.0, "ci": 400.0}[fn]
+    monkeypatch.setattr(timing, "gpu_time_us", fake)
+    row = {}
+    timing.time_passes(row, {"ours": ("ot", "oi"), "cudnn": ("ct", "ci")}, 9, rounds=2)
+    assert order == ["ot", "oi", "ct", "ci"] * 2
+    assert row == {"ours train ms": 1.0, "ours infer ms": 0.5, "cudnn train ms": 3.0,
+                   "cudnn infer ms": 0.4}

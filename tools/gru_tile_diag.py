@@ -7,8 +7,9 @@ product; the arrival at the counter.
 
     python tools/gru_tile_diag.py S1 S7 S8 S7:4,4,1,256,1
 
-A shape id may name the tile kernel to time after a colon (a TILES entry: cluster, packs,
-most rows, threads, units per thread), one row per group, in place of fast_plan's choice.
+A shape id (bench.paths' ids: S1-S10, O1-O16, A1-A6) may name the tile kernel to time
+after a colon (a TILES entry: cluster, packs, most rows, threads, units per thread), one
+row per group, in place of fast_plan's choice.
 
 A diagnostic, not part of the package: it patches kernels/gru_tile.cu's text in memory (and
 stops with an AssertionError when the text it patches has changed) and compiles each
@@ -84,13 +85,13 @@ def grid_variants(src):
 
 
 def main(argv):
-    from bench.shapes import SHAPES
+    from bench.paths import ALL
     from cugru import plans
     from cukernels import runtime
     src0 = runtime.source("gru_tile.cu").text()
     for arg in argv:
         sid, _, tile = arg.partition(":")
-        T, B, I, H, bi = SHAPES[sid]
+        (T, B, I, H, bi), _ = ALL[sid]
         D = 2 if bi else 1
         plan = plans.fast_plan(B, H, D, np.float32)
         if tile:
@@ -165,10 +166,11 @@ def tile_launcher(src, sid, plan, backward, mod=None):
     mean anything), with the arguments the plan gives its kernels"""
     import cupy as cp
 
-    from bench.shapes import SHAPES, make_problem
+    from bench.paths import ALL
+    from bench.shapes import make_problem
     from cugru import _args, _catalog, _device, _passes
     from cukernels import runtime
-    T, B, I, H, bi = SHAPES[sid]
+    (T, B, I, H, bi), _ = ALL[sid]
     name = (_catalog.tile_backward("float", plan.tile) if backward
             else _catalog.tile_forward("float", plan.tile, False))
     if mod is None:
@@ -222,13 +224,13 @@ def clock_main(argv):
     and the cycles per step with the clock rate they imply."""
     import cupy as cp
 
-    from bench.shapes import SHAPES
+    from bench.paths import ALL
     from cugru import plans
     from cukernels import runtime
     src0 = runtime.source("gru_tile.cu").text()
     for arg in argv:
         sid, _, tile = arg.partition(":")
-        T, B, I, H, bi = SHAPES[sid]
+        (T, B, I, H, bi), _ = ALL[sid]
         D = 2 if bi else 1
         for backward in (False, True):
             plan = plans.fast_plan(B, H, D, np.float32, backward=backward)
