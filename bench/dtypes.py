@@ -14,7 +14,7 @@ The precisions (float32 strict is bench.gru's and bench.offtable's):
 For each shape (S1-S10 by default, the off-table shapes O1-O16 on request) and precision,
 a train step (forward + backward with a given dy) and a forward-only inference pass,
 path="auto", device time (CUDA events around back-to-back calls, ours and cuDNN's in turn
-over three rounds, bench.timing); ratio =
+over rounds, bench.timing.time_passes); ratio =
 cuDNN's time / ours. The inputs are drawn in float32 and rounded to the precision's dtype,
 the same values for both. Goals: geomean >= 2x in each precision, train and inference, no
 shape below 1x; the shapes below are listed under the table. Accuracy in these precisions
@@ -79,8 +79,8 @@ def below_floor(rows):
 
 def markdown(rows):
     out = ["cugru (path='auto') against torch.nn.GRU on cuDNN in the same precision, device "
-           "time, ms (ours and cuDNN's in turn over three rounds); ratio = cuDNN / ours. tf32: float32 data, ours math='tf32', cuDNN with "
-           "TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with its "
+           f"time, ms (ours and cuDNN's in turn over {timing.ROUNDS} rounds); ratio = cuDNN / "
+           "ours. tf32: float32 data, ours math='tf32', cuDNN with TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with its "
            "default math for half data, 'tf32', or with math='strict' (-strict: every "
            "product in float32).", "",
            "| id | T, B, I, H, bi | precision | train: ours | cuDNN | ratio | "

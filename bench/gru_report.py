@@ -2,7 +2,7 @@
 bench/gru.py measures (the cases and the command line live there)."""
 from __future__ import annotations
 
-from .timing import geomean
+from .timing import ROUNDS, geomean
 
 #: our implementations: label -> the path= they run (the first is the one ratios are of)
 OURS = {"fast": "fast", "steps": "steps"}
@@ -99,9 +99,9 @@ def _table(rows, kind, bases):
 def markdown(rows, device, limits=None):
     bases = ["cuDNN strict", "cuDNN TF32", "naive torch loop"]
     lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
-             "back-to-back calls, ours and cuDNN's timed in turn over three rounds (the "
-             "median of the rounds). Ratio = baseline time / our time (> 1: ours is faster). "
-             "fast = the persistent kernels (path='fast'), steps = the per-step path.", "",
+             "back-to-back calls; our paths and cuDNN's strict and TF32 calls timed in turn "
+             f"over {ROUNDS} rounds (the median of the rounds). Ratio = baseline time / our "
+             "time (> 1: ours is faster). fast = the persistent kernels (path='fast'), steps = the per-step path.", "",
              "### Train step (forward + backward)", ""]
     lines += _table(rows, "train", bases)
     lines += ["", "### Inference (forward only, no history kept)", ""]

@@ -9,7 +9,7 @@ hidden sizes from 512 to 2048, batches of 1, 3, 7, 512 and 1024, one step (T = 1
 long sequences (T = 1000 and 2000), both directions, input sizes that are not multiples of
 4. Each shape is timed in float32 (cuDNN FP32 strict) and float64, train step and
 inference, path="auto" (what a user gets) against torch.nn.GRU, device time (CUDA events
-around back-to-back calls, ours and cuDNN's in turn over three rounds, as bench.gru).
+around back-to-back calls, ours and cuDNN's in turn over rounds, as bench.gru).
 Floors: float32 train >= 1.2x and inference >= 1.0x; float64 >= 1.0x; a shape below its
 floor is listed under the table.
 """
@@ -82,7 +82,7 @@ def below_floor(rows):
 def markdown(rows):
     out = ["Shapes off the table (chosen before tuning), path='auto' against torch.nn.GRU on "
            "cuDNN (FP32 strict; float64), device time, ms (ours and cuDNN's in turn over "
-           "three rounds); ratio = cuDNN / ours", "",
+           f"{timing.ROUNDS} rounds); ratio = cuDNN / ours", "",
            "| id | T, B, I, H, bi | what for | dtype | train: ours | cuDNN | ratio | "
            "inference: ours | cuDNN | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -7,7 +7,8 @@ beside the tiles' edges (H not a multiple of the 16-byte pack next to one that i
 
 For each shape and pass (train step, inference): the device time of path="auto", "steps"
 and "fast" (fast_plan's split, where one fits), timed in turn over ROUNDS rounds (the
-median of the rounds), the plan each runs, and auto's time over the fastest of the three. A shape where auto is more than SLACK slower is listed.
+median of the rounds), the plan each runs, and auto's time over the fastest of the three.
+A shape where auto is more than SLACK slower is listed.
 """
 from __future__ import annotations
 

@@ -219,7 +219,8 @@ ROUNDS = 3
 def time_passes(row, calls, n, rounds=ROUNDS):
     """row["<who> train ms"] and row["<who> infer ms"] for each `who` of `calls` (a dict of
     (train step, inference) pairs of callables): the device time in ms, ours and the
-    baselines timed in turn over `rounds` rounds of n calls in all (interleaved_gpu_us)."""
+    baselines timed in turn over `rounds` rounds of n // rounds calls each, at least 3
+    (interleaved_gpu_us; each round warms up as gpu_time_us does)."""
     fns = {f"{who} {kind} ms": fn for who, pair in calls.items()
            for kind, fn in zip(("train", "infer"), pair)}
     for key, us in interleaved_gpu_us(fns, n, rounds).items():

@@ -551,6 +551,15 @@ def tile_split(B, H, D, tile, rows, itemsize):
                     0 if cluster else blocks)
 
 
+def waves(plan, D, groups_at_once):
+    """The waves of groups a tile split runs in when the GPU runs `groups_at_once` of its
+    groups together: at block and cluster scope over all D directions at once, at grid
+    scope over each direction's slots (groups_at_once // D, as resident gives them)."""
+    if plan.cluster:
+        return -(-(plan.groups * D) // max(1, groups_at_once))
+    return -(-plan.groups // max(1, groups_at_once // D))
+
+
 def tile_rank(plan, D, groups_at_once):
     """The order in which fast_plan prefers tile splits, from the measurements in
     docs/performance.md (`python -m bench.gru --sweep`): fewest waves of groups (groups run
@@ -569,10 +578,9 @@ def tile_rank(plan, D, groups_at_once):
     the same waves hold, each with a shorter step (tools/rows_probe.py: S3 and S5 4-5%
     faster in both passes at 5 rows than at 8, O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27%
     at 2-3 rows against 8; docs/performance.md)."""
-    waves = -(-(plan.groups * D) // max(1, groups_at_once))
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
-    return (waves, plan.max_rows, scope, -plan.packs * plan.per_thread,
+    return (waves(plan, D, groups_at_once), plan.max_rows, scope, -plan.packs * plan.per_thread,
             abs(plan.per_thread - 2), plan.threads, size, plan.rows)
 
 

@@ -718,6 +718,24 @@ def test_tile_rank_takes_the_fewest_rows_per_group_that_the_fewest_waves_hold():
     assert ranked[0][0][0] == 1 and ranked[4][0][0] == 2       # (waves: one, then two)
 
 
+def test_grid_scope_waves_count_each_direction_s_slots():
+    """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
+    them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both
+    directions, 7 groups at once (3 slots a direction) takes 6 rows (6 groups, 2 waves), not
+    5 (7 groups: 3 waves, though 14 groups over 7 at once would read as 2)."""
+    tile = (0, 4, 8, 256, 2)
+    splits = {r: plans.tile_split(32, 257, 2, tile, r, 4) for r in range(1, 9)}
+    assert all(s is not None for s in splits.values())
+    assert plans.waves(splits[5], 2, 7) == 3 == -(-splits[5].groups
+                                                   // plans.resident(splits[5], 2, 7).slots)
+    assert plans.waves(splits[6], 2, 7) == 2
+    best = min(splits.values(), key=lambda s: plans.tile_rank(s, 2, 7))
+    assert best.rows == 6
+    # block and cluster scope: all directions' groups share the GPU
+    cluster = plans.tile_split(64, 256, 1, (8, 8, 8, 256, 1), 5, 4)
+    assert plans.waves(cluster, 2, 13) == 2 and plans.waves(cluster, 1, 13) == 1
+
+
 @pytest.mark.parametrize("H", [1, 2, 17, 33, 64, 65, 128, 129, 130, 256, 257, 512, 1024,
                                1028, 2048])
 @pytest.mark.parametrize("itemsize,tile", _all_tiles(), ids=str)
@@ -966,6 +984,7 @@ def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(
     assert plans.auto_takes(persist, 2, 768, 2, backward=True)
     assert not plans.auto_takes(persist, 2, 768, 2)
     assert not plans.auto_takes(None, 2, 768, 2, backward=True)
+
 
 def test_small_path_on_numpy_runs_the_oracle(rng):
     p = problem(rng, 3, 2, 4, 5, True)

@@ -7,8 +7,9 @@ rule for the persist kernels (cugru._plan.auto_takes).
 For D = 1, 2, H = 384 ... 1536 and B = 1 ... 32 (while B * 3H * H is at most twice
 PERSIST_AUTO_MAX_WORK), where fast_plan gives a PersistPlan: device µs per step of the
 forward pass without history (inference), with history (train) and the backward pass
-(recurrence and tail), each on the persist split and on the per-step path, with the
-persist cost model's estimate (cycles at the SM clock) and the plans path="auto" takes.
+(recurrence and tail), each on the persist split (the backward on fast_plan's backward
+split, named) and on the per-step path, with the persist cost model's estimate (cycles at
+the SM clock) and the plans path="auto" takes.
 """
 import argparse
 import itertools
@@ -41,9 +42,9 @@ def main(argv=None):
     mhz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"] / 1e3
     f32 = np.dtype(np.float32)
     print("| D | H | B | B·3H·H / 2^24 | model µs | inference: persist | steps | "
-          "train forward: persist | steps | backward: persist | steps | auto forward | "
-          "auto backward |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "train forward: persist | steps | backward: fast_plan's | steps | its plan | "
+          "auto forward | auto backward |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for D, H, B in itertools.product((1, 2), HIDDEN, BATCHES):
         if B * 3 * H * H > 2 * plans.PERSIST_AUTO_MAX_WORK:
             continue
@@ -71,7 +72,7 @@ def main(argv=None):
               f"{_plan.persist_cost(fwd, B, H, D) / mhz:.1f} | "
               + " | ".join(f"{per_step[n, k]:.1f}" for k in ("infer", "train", "backward")
                            for n in ("persist", "steps"))
-              + f" | {auto[0]} | {auto[1]} |", flush=True)
+              + f" | {plan_name(bwd)} | {auto[0]} | {auto[1]} |", flush=True)
     return 0
 
 

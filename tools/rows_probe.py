@@ -59,7 +59,7 @@ def main(argv=None):
                 split = split and plans.resident(split, D, at_once)
                 if split is None:
                     continue
-                waves = -(-(split.groups * D) // max(1, at_once))
+                waves = plans.waves(split, D, at_once)
                 if backward:
                     ms = [timing.gpu_time_us(lambda s=split: plans.backward_recurrence(
                         a["dy"], None, saved, s), n) / 1e3]
