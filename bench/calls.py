@@ -4,6 +4,9 @@ host's work per call; ours beside torch's own call in the same run.
 
     python -m bench.calls [--json FILE] [--repeat N]
 
+Each call's figure is the median of seven rounds of N back-to-back calls (200 unless
+--repeat says), ours and torch's in turn in every round.
+
 It calls the public API only, so that it measures an older tree as well: tools/gpu_report.py
 copies this file and bench/timing.py into a package beside an older checkout and runs it
 there (the "before" column of the report).
@@ -79,7 +82,8 @@ def cases():
 
 
 def measure(repeat=200):
-    """[{case, ours_us, torch_us, goal_us}], wall clock per call of back-to-back calls."""
+    """[{case, ours_us, torch_us, goal_us}], wall clock per call of back-to-back calls, ours
+    and torch's in turn over rounds (timing.interleaved_host_us)."""
     torch = timing.torch_cuda()
 
     def sync():
@@ -89,10 +93,10 @@ def measure(repeat=200):
             torch.cuda.synchronize()
     rows = []
     for name, ours, theirs in cases():
-        rows.append({"case": name, "goal_us": GOALS[name],
-                     "ours_us": timing.host_time_us(ours, n_repeat=repeat, sync=sync),
-                     "torch_us": (timing.host_time_us(theirs, n_repeat=repeat, sync=sync)
-                                  if theirs else None)})
+        fns = {"ours_us": ours} if theirs is None else {"ours_us": ours, "torch_us": theirs}
+        got = timing.interleaved_host_us(fns, n_repeat=repeat, sync=sync)
+        rows.append({"case": name, "goal_us": GOALS[name], "ours_us": got["ours_us"],
+                     "torch_us": got.get("torch_us")})
     return rows
 
 

@@ -136,6 +136,28 @@ def host_time_us(fn, n_repeat=200, n_warmup=10, sync=None):
     return float(np.median(runs))
 
 
+def interleaved_host_us(fns, n_repeat=200, rounds=7, sync=None):
+    """{name: wall µs of one call} of several callables (a dict): in each of `rounds`
+    rounds every callable runs n_repeat back-to-back calls in turn (one synchronization
+    after each run, `sync`, default CuPy's device), and each one's result is the median of
+    its rounds. A host whose pace moves by 1.5x within seconds (docs/performance.md) then
+    weighs on ours and on the baseline alike, and one slow stretch moves neither median."""
+    sync = sync or _cp().cuda.Device().synchronize
+    got = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    sync()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n_repeat):
+                fn()
+            sync()
+            got[name].append((time.perf_counter() - t0) / n_repeat * 1e6)
+    return {name: float(np.median(v)) for name, v in got.items()}
+
+
 def host_us_per_call_issued(fn, calls, repeat=5):
     """Median wall time of issuing fn (GPU idle at the start, no sync inside), over `calls`."""
     cp = _cp()

@@ -283,3 +283,32 @@ def test_time_passes_times_every_pass_of_ours_and_the_baselines_in_turn(monkeypa
     assert order == ["ot", "oi", "ct", "ci"] * 2
     assert row == {"ours train ms": 1.0, "ours infer ms": 0.5, "cudnn train ms": 3.0,
                    "cudnn infer ms": 0.4}
+
+
+def test_interleaved_host_timing_runs_each_callable_in_turn_and_takes_the_median(
+        monkeypatch):
+    """bench.timing.interleaved_host_us: warm-up calls first, then in each round every
+    callable's n back-to-back calls and one sync, in turn; the result per callable is the
+    median of its rounds' µs per call (the clock is a stand-in: each call costs 1 µs, but
+    ours 3 µs in one slow round)."""
+    from bench import timing
+    now, log = [0.0], []
+    slow_round = {"n": 0}
+
+    def ours():
+        log.append("o")
+        now[0] += 3e-6 if slow_round["n"] == 2 else 1e-6
+
+    def theirs():
+        log.append("t")
+        now[0] += 2e-6
+
+    def sync():
+        log.append("|")
+        if log.count("|") > 1:
+            slow_round["n"] += log[-2] == "t"
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    got = timing.interleaved_host_us({"ours": ours, "torch": theirs}, n_repeat=4, rounds=3,
+                                     sync=sync)
+    assert "".join(log) == "o" * 10 + "t" * 10 + "|" + ("oooo|tttt|" * 3)
+    assert got == pytest.approx({"ours": 1.0, "torch": 2.0})
