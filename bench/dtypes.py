@@ -80,9 +80,9 @@ def below_floor(rows):
 def markdown(rows):
     out = ["cugru (path='auto') against torch.nn.GRU on cuDNN in the same precision, device "
            f"time, ms (ours and cuDNN's in turn over {timing.ROUNDS} rounds); ratio = cuDNN / "
-           "ours. tf32: float32 data, ours math='tf32', cuDNN with TF32 allowed; float16 and bfloat16: the data's dtype in both, ours with its "
-           "default math for half data, 'tf32', or with math='strict' (-strict: every "
-           "product in float32).", "",
+           "ours. tf32: float32 data, ours math='tf32', cuDNN with TF32 allowed; float16 "
+           "and bfloat16: the data's dtype in both, ours with its default math for half "
+           "data, 'tf32', or with math='strict' (-strict: every product in float32).", "",
            "| id | T, B, I, H, bi | precision | train: ours | cuDNN | ratio | "
            "inference: ours | cuDNN | ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

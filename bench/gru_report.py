@@ -101,7 +101,8 @@ def markdown(rows, device, limits=None):
     lines = [f"Device: {device}. float32. Times in ms: medians of CUDA-event intervals around "
              "back-to-back calls; our paths and cuDNN's strict and TF32 calls timed in turn "
              f"over {ROUNDS} rounds (the median of the rounds). Ratio = baseline time / our "
-             "time (> 1: ours is faster). fast = the persistent kernels (path='fast'), steps = the per-step path.", "",
+             "time (> 1: ours is faster). fast = the persistent kernels (path='fast'), "
+             "steps = the per-step path.", "",
              "### Train step (forward + backward)", ""]
     lines += _table(rows, "train", bases)
     lines += ["", "### Inference (forward only, no history kept)", ""]

@@ -35,7 +35,7 @@ PATHS = ("auto", "steps", "fast")
 #: auto may be this much slower than the fastest of our paths before a shape is listed (two
 #: runs of one path differ by a few percent)
 SLACK = 1.05
-#: rounds over which the paths of a shape are timed in turn (timing.interleaved_gpu_us)
+#: rounds over which the paths of a shape are timed in turn (timing.time_passes)
 ROUNDS = 5
 
 

@@ -122,30 +122,20 @@ def held_times_us(fn, n_repeat=20, n_warmup=3):
 def host_time_us(fn, n_repeat=200, n_warmup=10, sync=None):
     """Wall time of one call of fn in microseconds: back-to-back calls, one synchronization
     at the end (`sync`, default CuPy's device), the median of five such runs."""
-    sync = sync or _cp().cuda.Device().synchronize
-    for _ in range(n_warmup):
-        fn()
-    sync()
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n_repeat):
-            fn()
-        sync()
-        runs.append((time.perf_counter() - t0) / n_repeat * 1e6)
-    return float(np.median(runs))
+    return interleaved_host_us({0: fn}, n_repeat, 5, sync, n_warmup)[0]
 
 
-def interleaved_host_us(fns, n_repeat=200, rounds=7, sync=None):
-    """{name: wall µs of one call} of several callables (a dict): in each of `rounds`
-    rounds every callable runs n_repeat back-to-back calls in turn (one synchronization
-    after each run, `sync`, default CuPy's device), and each one's result is the median of
-    its rounds. A host whose pace moves by 1.5x within seconds (docs/performance.md) then
-    weighs on ours and on the baseline alike, and one slow stretch moves neither median."""
+def interleaved_host_us(fns, n_repeat=200, rounds=7, sync=None, n_warmup=10):
+    """{name: wall µs of one call} of several callables (a dict): n_warmup calls of each,
+    then in each of `rounds` rounds every callable runs n_repeat back-to-back calls in turn
+    (one synchronization after each run, `sync`, default CuPy's device), and each one's
+    result is the median of its rounds. A host whose pace moves by 1.5x within seconds
+    (docs/performance.md) then weighs on ours and on the baseline alike, and one slow
+    stretch moves neither median."""
     sync = sync or _cp().cuda.Device().synchronize
     got = {name: [] for name in fns}
     for fn in fns.values():
-        for _ in range(10):
+        for _ in range(n_warmup):
             fn()
     sync()
     for _ in range(rounds):

@@ -580,8 +580,9 @@ def tile_rank(plan, D, groups_at_once):
     at 2-3 rows against 8; docs/performance.md)."""
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
-    return (waves(plan, D, groups_at_once), plan.max_rows, scope, -plan.packs * plan.per_thread,
-            abs(plan.per_thread - 2), plan.threads, size, plan.rows)
+    return (waves(plan, D, groups_at_once), plan.max_rows, scope,
+            -plan.packs * plan.per_thread, abs(plan.per_thread - 2), plan.threads, size,
+            plan.rows)
 
 
 def resident(plan, D, at_once):

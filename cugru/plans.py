@@ -23,8 +23,8 @@ from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # n
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
                     STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose,
-                    fast_plan, groups_at_once, persist_cost, persist_split, resident, small_chain, small_takes,
-                    tile_rank, tile_split, waves)
+                    fast_plan, groups_at_once, persist_cost, persist_split, resident,
+                    small_chain, small_takes, tile_rank, tile_split, waves)
 
 
 __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",

@@ -312,3 +312,18 @@ def test_interleaved_host_timing_runs_each_callable_in_turn_and_takes_the_median
                                      sync=sync)
     assert "".join(log) == "o" * 10 + "t" * 10 + "|" + ("oooo|tttt|" * 3)
     assert got == pytest.approx({"ours": 1.0, "torch": 2.0})
+
+
+def test_host_time_us_is_one_callable_timed_over_five_runs(monkeypatch):
+    """bench.timing.host_time_us: n_warmup calls and a sync, then five runs of n_repeat
+    calls, each followed by a sync; the median of the runs' µs per call."""
+    from bench import timing
+    now, log, cost = [0.0], [], iter([1e-6] * 3 + [1e-6] * 2 + [9e-6] * 2 + [2e-6] * 6)
+
+    def fn():
+        log.append("c")
+        now[0] += next(cost)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    got = timing.host_time_us(fn, n_repeat=2, n_warmup=3, sync=lambda: log.append("|"))
+    assert "".join(log) == "ccc|" + "cc|" * 5
+    assert got == pytest.approx(2.0)          # runs of 1, 9, 2, 2, 2 µs a call
