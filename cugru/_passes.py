@@ -39,12 +39,14 @@ class ForwardPass:
     """The buffers of a forward pass (gru_common.cuh has their layouts). S = T + 1 slots of
     hs when training (every state kept for backward), else 2 (ping-pong); gates is None
     without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
-    hs without training (the plan keeps the states itself)."""
+    hs without training (the plan keeps the states itself). `kept` (inference only): y and
+    h_n are temporaries too, kept with gi and hs (dev.scratch), for a caller that reads them
+    into results of its own (cugru/_half.py)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
                  "lengths", "math")
 
-    def __init__(self, a, whole=False, math="strict"):
+    def __init__(self, a, whole=False, math="strict", kept=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -65,9 +67,16 @@ class ForwardPass:
             self.y, self.h_n, self.hs, self.gates = dev.outputs(
                 dt, (T, B, D * H), (D, B, H), (D, S, B, H), (D, T, B, 4 * H))
         else:
+            results = (T, B, D * H), (D, B, H)
+            if kept:
+                temps = ((T, B, D, 3 * H), (D, S, B, H)) if not whole else ()
+                *gi_hs, self.y, self.h_n = dev.scratch("inference kept", dt, *temps, *results)
+                if gi_hs:
+                    self.gi, self.hs = gi_hs
+                return
             if not whole:
                 self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
-            self.y, self.h_n = dev.outputs(dt, (T, B, D * H), (D, B, H))
+            self.y, self.h_n = dev.outputs(dt, *results)
 
 
 class BackwardPass:
@@ -122,12 +131,15 @@ def forward(a, plan, math="strict"):
                                 given.x, given.h0, a.lengths, math)
 
 
-def run_forward(p, h0, plan):
+def run_forward(p, h0, plan, loop=None):
     """Slot 0 of hs from h0 (or zeros), the input projection, the plan's recurrence, h_n
-    (or all of it in the plan, for a plan that runs the whole pass)."""
-    if plan.whole_pass:
+    (or all of it in the plan, for a plan that runs the whole pass); in `loop` where given
+    (its stream the current one), else in a Loop of its own."""
+    if loop is None:
         with dev.Loop(p.dtype, math=p.math) as loop:
-            plan.forward(loop, p)
+            return run_forward(p, h0, plan, loop)
+    if plan.whole_pass:
+        plan.forward(loop, p)
         return
     T, B, I, D, S = p.T, p.B, p.I, p.D, p.S
     it, BH, G = p.dtype.itemsize, p.B * p.H, 3 * p.H
@@ -137,11 +149,10 @@ def run_forward(p, h0, plan):
             dev.zero_bytes(hs + d * S * BH * it, BH * it)
         else:
             dev.copy_bytes(hs + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
-    with dev.Loop(p.dtype, math=p.math) as loop:
-        # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
-        loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
-                  0.0, p.gi.data.ptr, D * G, 0)
-        plan.forward(loop, p)
+    # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
+    loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
+              0.0, p.gi.data.ptr, D * G, 0)
+    plan.forward(loop, p)
     if not plan.writes_h_n:
         for d in range(D):
             dev.copy_bytes(p.h_n.data.ptr + d * BH * it, hs + (d * S + T % S) * BH * it,

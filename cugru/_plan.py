@@ -74,6 +74,10 @@ class StepsPlan:
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
+    # (whether a forward pass may be captured whole into a CUDA graph by a caller that keys
+    # the graph by the pass's buffers: no allocation, no buffer but the pass's; the steps
+    # take a temporary of their own, and replay their recurrence themselves)
+    captures = False
 
     @staticmethod
     def grid(B, H, D):
@@ -200,6 +204,7 @@ class SmallPlan:
     scope = "small"
     writes_h_n = True
     whole_pass = True
+    captures = True
 
     @staticmethod
     def fits(B, H, D):
@@ -313,6 +318,7 @@ class PersistPlan:
     smem_bwd: int
     writes_h_n = False
     whole_pass = False
+    captures = False        # (each pass allocates its barrier counters)
 
     @property
     def scope(self):
@@ -428,6 +434,11 @@ class TilePlan:
     @property
     def scope(self):
         return {0: "grid", 1: "block"}.get(self.cluster, "cluster")
+
+    @property
+    def captures(self):
+        """(grid scope allocates its counters in each pass: see StepsPlan.captures)"""
+        return self.cluster != 0
 
     @property
     def per_group(self):

@@ -174,6 +174,55 @@ def test_half_calls_with_lengths_inference_and_two_dimensional_weights(cp, poiso
                                           err_msg=name)
 
 
+@pytest.mark.parametrize("path", ["auto", "fast", "small", "steps"])
+@pytest.mark.parametrize("dtype", HALVES, ids=HALF_IDS)
+@pytest.mark.parametrize("T,B,I,H,bi,h0", [(7, 3, 5, 12, True, True), (30, 4, 9, 64, False,
+                                                                      False)])
+def test_a_repeated_half_inference_replays_a_graph_with_the_float32_bits_rounded(
+        cp, rng, T, B, I, H, bi, h0, dtype, path):
+    """A half-precision inference call on a plan that `captures` runs eagerly, then is
+    captured, then replays one CUDA graph (its temporaries kept between calls, as outside
+    the tests): each call gives the float32 call's results rounded once, bit for bit, new
+    values written into the same arrays (x, h0, the weights) included (the graph reads
+    them afresh), and an array at another address gives a graph of its own. Plans that do
+    not capture (the per-step path) keep to eager calls with the same bits."""
+    from cugru import _device, _plan, plans
+    was = plans.use_graphs(True)
+    _device.clear_graphs()
+    D = 2 if bi else 1
+    if path == "small" and D * B * H > 1024:
+        return
+    try:
+        p = _cast(problem(rng, T, B, I, H, bi, with_h0=h0), dtype)
+        g = _gpu(cp, p)
+
+        def check(g):
+            ref, _ = _call(_gpu(cp, _cast({k: cp.asnumpy(v) if hasattr(v, "device") else v
+                                           for k, v in g.items()}, np.float32)), path,
+                           training=False)
+            for _ in range(4):      # (eager, captured, replayed, replayed)
+                ours, _ = _call(g, path, training=False)
+                for name, a, b in zip(OUT_NAMES, ours, ref):
+                    assert a.dtype == dtype, name
+                    np.testing.assert_array_equal(
+                        _half_bits(cp.asnumpy(a)), _half_bits(cp.asnumpy(b).astype(dtype)),
+                        err_msg=name)
+
+        check(g)
+        new = _cast(problem(rng, T, B, I, H, bi, with_h0=h0), dtype)
+        for name in ("x", "h0", "w_hh", "b_ih"):      # (new values at the same addresses)
+            if g[name] is not None:
+                g[name][...] = cp.asarray(new[name])
+        check(g)
+        g["x"] = cp.asarray(new["x"]) + 0     # (another address)
+        check(g)
+        plan = _plan.choose(path, B, H, D, np.dtype(np.float32), False, T, I)
+        kept = [k for k in _device._GRAPHS.graphs if k[0][0] == "half inference"]
+        assert len(kept) == (2 if plan.captures else 0), (plan, len(kept))
+    finally:
+        plans.use_graphs(was)
+
+
 def _ulp(v, dtype):
     """The format's unit in the last place at magnitudes `v` (float64)."""
     bits, emin = {"float16": (10, -14), "bfloat16": (7, -126)}[np.dtype(dtype).name]

@@ -226,3 +226,132 @@ def test_use_graphs_turns_the_per_step_graphs_off_and_on_and_checks_its_argument
     finally:
         _device.GRAPHS = before
         _device.clear_graphs()
+
+
+def test_a_replayed_half_inference_keys_every_buffer_its_calls_touch(monkeypatch, rng):
+    """A half-precision inference call on a plan whose forward pass `captures` issues the
+    widening and the float32 pass through Loop.replay, whose CUDA graph is launched again on
+    any call with an equal key: on host stand-ins, every byte those calls read or write (the
+    conversions, the copies, the products, the plan's buffers) lies in a buffer the key
+    names, for a whole-pass plan and for one with the input projection around it, with and
+    without h0. The key changes with any array's address and stays for the same arrays; the
+    check fails on a key without x; the results are the pass's float32 results rounded."""
+    import ctypes
+    import types
+
+    from cugru import _args, _catalog, _half, _passes
+
+    class Addressed(np.ndarray):
+        @property
+        def data(self):
+            return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    touched, keys, replayed = [], [], []
+
+    def touch(address, nbytes):
+        touched.append((address, nbytes))
+
+    def arr(a):
+        return np.ascontiguousarray(a).view(Addressed)
+
+    def mem(address, n, ctype):
+        touch(address, n * ctypes.sizeof(ctype))
+        return np.ctypeslib.as_array((ctype * n).from_address(address))
+
+    A = _catalog.CAST_ARRAYS
+
+    class CastModel:
+        def __init__(self, name):
+            self.widen = name.startswith("gru_widen")
+
+        def launch_1d(self, blocks, threads, values):
+            for s in range(A):
+                n = values[2 * A + s]
+                if n and self.widen:
+                    mem(values[A + s], n, ctypes.c_float)[:] = \
+                        mem(values[s], n, ctypes.c_uint16).view(np.float16)
+                elif n:
+                    mem(values[A + s], n, ctypes.c_uint16)[:] = \
+                        mem(values[s], n, ctypes.c_float).astype(np.float16).view(np.uint16)
+
+    class FakeLoop:
+        def __init__(self, dtype, math="strict"):
+            self.it = np.dtype(dtype).itemsize
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def replay(self, key, issue):
+            keys.append(key)
+            touched.clear()         # (what the replayed calls touch, the narrowing after not)
+            issue(self)
+            replayed.append(list(touched))
+
+        def gemm(self, ta, tb, m, n, k, A_, lda, sA, B_, ldb, sB, beta, C, ldc, sC, batch=1):
+            for address, ld, cols, rows, stride in ((A_, lda, *((m, k) if ta else (k, m)), sA),
+                                                    (B_, ldb, *((k, n) if tb else (n, k)), sB),
+                                                    (C, ldc, n, m, sC)):
+                touch(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * self.it)
+
+    def uses(p, *names):
+        for name in names:
+            v = getattr(p, name)
+            if v is not None:
+                touch(v.data.ptr, v.nbytes)
+
+    class WholePlan:        # (the small path's kind: the pass in one launch)
+        captures, whole_pass, writes_h_n = True, True, True
+
+        def forward(self, loop, p):
+            uses(p, "x", "h0", "w_ih", "w_hh", "b_ih", "b_hh", "y", "h_n")
+            p.y[...], p.h_n[...] = 0.5, -0.25
+
+    class ProjectedPlan:    # (the tile kernels' kind: the projection before, h_n after)
+        captures, whole_pass, writes_h_n = True, False, False
+
+        def forward(self, loop, p):
+            uses(p, "gi", "w_hh", "b_ih", "b_hh", "hs", "y")
+            p.y[...], p.hs[...] = 0.75, 1.5
+
+    monkeypatch.setattr(_device, "kernel", lambda family, name, params=None: CastModel(name))
+    fresh = lambda dt, *shapes: tuple(arr(np.full(s, np.nan, dt)) for s in shapes)  # noqa: E731
+    monkeypatch.setattr(_device, "outputs", fresh)
+    kept = {}
+    monkeypatch.setattr(_device, "scratch", lambda name, dt, *shapes: kept.setdefault(
+        (name, shapes), fresh(dt, *shapes)))
+    monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: (
+        touch(dst, n), touch(src, n), ctypes.memmove(dst, src, n)))
+    monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: (touch(dst, n),
+                                                               ctypes.memset(dst, 0, n)))
+    monkeypatch.setattr(_device, "Loop", FakeLoop)
+
+    def outside(key):
+        named = [b[1:] for b in key if isinstance(b, tuple) and b[:1] == ("buffer",)]
+        return [(a, n) for a, n in replayed[-1]
+                if not any(s <= a and a + n <= s + size for s, size in named)]
+
+    p = problem(rng, 4, 3, 5, 6, True)
+    half = {k: arr(v.astype(np.float16)) for k, v in p.items() if isinstance(v, np.ndarray)}
+    for plan in (WholePlan(), ProjectedPlan()):
+        for h0 in (half["h0"], None):
+            a = _args.forward_args(half["x"], h0, half["w_ih"], half["w_hh"], half["b_ih"],
+                                   half["b_hh"], True, False)
+            y, h_n, saved = _half.forward(a, plan, "strict")
+            assert saved is None and y.dtype == h_n.dtype == np.float16
+            assert replayed[-1] and outside(keys[-1]) == []
+            x_buffer = ("buffer", half["x"].data.ptr, half["x"].nbytes)
+            assert outside(tuple(b for b in keys[-1] if b != x_buffer))   # (x is read)
+            np.testing.assert_array_equal(y, np.float16(0.5 if plan.whole_pass else 0.75))
+            if plan.whole_pass:
+                np.testing.assert_array_equal(h_n, np.float16(-0.25))
+            else:       # (h_n: the last slot of the ping-pong states, T = 4 steps)
+                np.testing.assert_array_equal(h_n, np.float16(1.5))
+            _half.forward(a, plan, "strict")
+            assert keys[-1] == keys[-2]
+            other = a._replace(x=arr(np.array(half["x"])))
+            _half.forward(other, plan, "strict")
+            assert keys[-1] != keys[-2]
+    assert _passes.ForwardPass.__init__.__defaults__[-1] is False     # (kept: opt-in)
