@@ -101,7 +101,9 @@ def forward(a, plan, math):
     """The forward pass of checked half-precision arguments `a` on `plan` (chosen for
     float32): (y, h_n, GruSaved or None). The history is float32; x and the weights are kept
     as given."""
-    if not a.training and plan.captures:
+    if not a.training and _passes.replays(
+            a, plan, 4, 2 * sum(v.nbytes for v in (a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh)
+                                if v is not None)):
         return _inference(a, plan, math)
     # (the float32 copies are the pass's temporaries: neither returned nor kept in `saved`)
     x, h0, w_ih, w_hh, b_ih, b_hh = widen(a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh,
@@ -115,30 +117,19 @@ def forward(a, plan, math):
 
 
 def _inference(a, plan, math):
-    """An inference pass (a plan whose forward pass `captures`): the widening and the float32
-    pass, on temporaries kept between calls (dev.scratch) y and h_n included, are issued
-    through Loop.replay keyed by the address of every buffer they touch, so that a repeated
-    call on the same arrays (their contents may differ: a graph reads them afresh) costs the
-    host one graph launch; then one launch rounds y and h_n into new arrays. A small call
-    waits on the host, and this is most of what the host did for it."""
+    """An inference pass through _passes.replayed_inference: the widening of the inputs into
+    float32 temporaries kept between calls comes first in it, so that a repeated call on the
+    same arrays costs the host one graph launch; then one launch rounds y and h_n into new
+    arrays. A small call waits on the host, and this is most of what the host did for it."""
     given = (a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh)
     made = iter(dev.scratch("half forward", _F32, *(v.shape for v in given if v is not None)))
     wide = [None if v is None else next(made) for v in given]
     x, h0, w_ih, w_hh, b_ih, b_hh = wide
-    p = _passes.ForwardPass(a._replace(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh),
-                            plan.whole_pass, math, kept=True)
     fmt = _format(a.x.dtype)
     name = cat.widen(fmt)
-
-    def issue(loop):
-        _convert_into(name, given, wide)
-        _passes.run_forward(p, h0, plan, loop)
-    # (graph_key's form of each buffer, built here with less host work)
-    key = ("half inference", fmt, a.dims, plan) + tuple(
-        ("buffer", v.data.ptr, v.nbytes) for v in (*given, *wide, p.gi, p.hs, p.y, p.h_n)
-        if v is not None)
-    with dev.Loop(_F32, math=math) as loop:
-        loop.replay(key, issue)
+    p = _passes.replayed_inference(
+        a._replace(x=x, h0=h0, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh), plan, math,
+        ("half inference", fmt), lambda: _convert_into(name, given, wide), given)
     # (narrow's checks left out: y and h_n are the pass's own)
     y, h_n = dev.outputs(a.x.dtype, p.y.shape, p.h_n.shape)
     _convert_into(cat.narrow(fmt), (p.y, p.h_n), (y, h_n))

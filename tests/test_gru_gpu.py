@@ -298,6 +298,56 @@ def test_repeated_per_step_calls_replay_a_graph_with_the_eager_bits(cp, rng, mon
     assert graphs.counts["launch"] > launched, graphs.counts
 
 
+@pytest.mark.parametrize("shape,lengths", [((7, 3, 5, 12, True), False),
+                                           ((30, 4, 9, 64, False), True),
+                                           ((20, 64, 32, 256, True), False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("path", ["auto", "fast", "small"])
+@needs_repeated_buffers
+def test_repeated_inference_replays_a_graph_with_the_eager_bits(cp, rng, monkeypatch, shape,
+                                                               lengths, dtype, path):
+    """An inference call on a plan whose forward pass `captures` (the small plan, the tile
+    plans at block and cluster scope) runs its whole pass eagerly on a call's first sighting,
+    captured on its second and as that graph's launch after (_passes.replayed_inference):
+    every call gives the bits of calls with graphs off, new weights written into the same
+    arrays give their own results, and the lengths (a new device array each call) are read
+    where each call put them. Plans that do not capture keep to their eager calls."""
+    T, B, I, H, bi = shape
+    D = 2 if bi else 1
+    if path == "small" and D * B * H > 1024:
+        pytest.skip("beyond the small path")
+    p = to_gpu(cp, problem(rng, *shape, dtype=dtype, lengths=lengths))
+    w2 = cp.asarray(rng.uniform(-0.1, 0.1, p["w_hh"].shape).astype(dtype))
+    w1 = p["w_hh"].copy()
+
+    def infer(n=1):
+        return [[cp.asnumpy(a) for a in cugru.gru_forward(
+            p["x"], p["h0"], *weights(p), training=False, bidirectional=bi, path=path,
+            lengths=p.get("lengths"))[:2]] for _ in range(n)]
+
+    def same(outs, want):
+        for got in outs:
+            for name, a, b in zip(("y", "h_n"), got, want):
+                np.testing.assert_array_equal(a, b, err_msg=name)
+
+    monkeypatch.setattr(_device, "GRAPHS", False)
+    eager, = infer()
+    p["w_hh"][...] = w2
+    eager2, = infer()
+    p["w_hh"][...] = w1
+    monkeypatch.setattr(_device, "GRAPHS", True)
+    graphs = _CountingGraphs()
+    monkeypatch.setattr(_device, "_GRAPHS", graphs)
+    same(infer(4), eager)
+    p["w_hh"][...] = w2
+    same(infer(3), eager2)
+    plan = _plan.choose(path, B, H, D, np.dtype(dtype), False, T, I, lengths=lengths)
+    if plan.captures:
+        assert graphs.counts["capture"] >= 1 and graphs.counts["launch"] >= 3, graphs.counts
+    elif plan.scope != "steps":     # (the per-step plan replays its recurrence itself)
+        assert graphs.counts["capture"] == graphs.counts["launch"] == 0, (plan, graphs.counts)
+
+
 @needs_repeated_buffers
 def test_a_capture_that_fails_leaves_the_calls_eager_for_good(cp, rng, monkeypatch):
     """Loop.replay where the capture raises (as a library that allocates while captured

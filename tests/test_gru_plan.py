@@ -114,7 +114,8 @@ def _key_buffers(key):
 
 class KeyedLoop(HostLoop):
     """A HostLoop whose products and launches fail on an address outside the buffers of
-    a replay's key."""
+    a replay's key (the per-step recurrence's, and the inference passes' of the plans
+    that capture: _passes.replayed_inference)."""
 
     def __init__(self, loop, key):
         self.dtype, self.math = loop.dtype, loop.math
@@ -133,11 +134,22 @@ class KeyedLoop(HostLoop):
             self._named(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * it)
         super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch)
 
-    def kernel(self, kern, grid, block, args, step_arg):
-        for value in args.values():
+    def _arrays_named(self, values):
+        for value in values:
             if isinstance(value, np.ndarray):
                 self._named(value.ctypes.data, value.nbytes)
+
+    def kernel(self, kern, grid, block, args, step_arg):
+        self._arrays_named(args.values())
         return super().kernel(kern, grid, block, args, step_arg)
+
+    def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
+        self._arrays_named(args.values())
+        super().launch(kern, grid, block, args, shared_mem=shared_mem, cooperative=cooperative)
+
+    def launch_args(self, kern, grid, block, values, *, shared_mem=0):
+        self._arrays_named(values)
+        super().launch_args(kern, grid, block, values, shared_mem=shared_mem)
 
 
 class HostKernel:

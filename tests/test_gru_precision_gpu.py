@@ -217,7 +217,8 @@ def test_a_repeated_half_inference_replays_a_graph_with_the_float32_bits_rounded
         g["x"] = cp.asarray(new["x"]) + 0     # (another address)
         check(g)
         plan = _plan.choose(path, B, H, D, np.dtype(np.float32), False, T, I)
-        kept = [k for k in _device._GRAPHS.graphs if k[0][0] == "half inference"]
+        kept = [k for k in _device._GRAPHS.graphs
+                if k[0][0] == ("half inference", np.dtype(dtype).name)]
         assert len(kept) == (2 if plan.captures else 0), (plan, len(kept))
     finally:
         plans.use_graphs(was)
