@@ -169,11 +169,12 @@ def replayed_inference(a, plan, math, tag="inference", prologue=None, read=()):
         if prologue is not None:
             prologue()
         run_forward(p, a.h0, plan, loop)
-    # (graph_key's form of each buffer, built here with less host work)
+    # (graph_key's form of each buffer, built here with less host work; None keeps its
+    # place)
     key = (tag, a.dims, plan) + tuple(
-        ("buffer", v.data.ptr, v.nbytes)
+        None if v is None else ("buffer", v.data.ptr, v.nbytes)
         for v in (*read, a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh, a.lengths, p.gi, p.hs, p.y,
-                  p.h_n) if v is not None)
+                  p.h_n))
     with dev.Loop(p.dtype, math=math) as loop:
         loop.replay(key, issue)
     return p

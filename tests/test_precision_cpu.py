@@ -239,7 +239,7 @@ def test_a_replayed_half_inference_keys_every_buffer_its_calls_touch(monkeypatch
     import ctypes
     import types
 
-    from cugru import _args, _catalog, _half, _passes
+    from cugru import _args, _catalog, _half
 
     class Addressed(np.ndarray):
         @property
@@ -354,4 +354,3 @@ def test_a_replayed_half_inference_keys_every_buffer_its_calls_touch(monkeypatch
             other = a._replace(x=arr(np.array(half["x"])))
             _half.forward(other, plan, "strict")
             assert keys[-1] != keys[-2]
-    assert _passes.ForwardPass.__init__.__defaults__[-1] is False     # (kept: opt-in)

@@ -1,6 +1,6 @@
 """Where a half-precision inference call's host time goes, on S1 and S2 (or the shapes
 given): the whole call in float32 (math="tf32") and in float16, the pieces of each (the
-argument checks, the plan, the widening, the float32 pass, the rounding), and torch's
+argument checks, the widening, the float32 pass, the rounding), and torch's
 float16 call, each the median of rounds of back-to-back calls taken in turn (µs per call:
 where the host sets the pace this is its time), then the host's issue time and the GPU's
 time of each whole call apart (bench.timing.held_times_us).
