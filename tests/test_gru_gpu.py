@@ -306,7 +306,7 @@ def test_repeated_per_step_calls_replay_a_graph_with_the_eager_bits(cp, rng, mon
 @needs_repeated_buffers
 def test_repeated_inference_replays_a_graph_with_the_eager_bits(cp, rng, monkeypatch, shape,
                                                                lengths, dtype, path):
-    """An inference call on a plan whose forward pass `captures` (the small plan, the tile
+    """An inference call on a plan whose forward pass `captures` (the tile
     plans at block and cluster scope) runs its whole pass eagerly on a call's first sighting,
     captured on its second and as that graph's launch after (_passes.replayed_inference):
     every call gives the bits of calls with graphs off, new weights written into the same
