@@ -40,8 +40,8 @@ class ForwardPass:
     hs when training (every state kept for backward), else 2 (ping-pong); gates is None
     without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
     hs without training (the plan keeps the states itself). `kept` (inference only): y and
-    h_n are temporaries too, kept with gi and hs (dev.scratch), for a caller that reads them
-    into results of its own (cugru/_half.py)."""
+    h_n are temporaries too, kept with gi and hs (dev.scratch), for a caller that copies
+    them into results of its own (replayed_inference's callers)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
                  "lengths", "math")
