@@ -5,7 +5,10 @@ host's work per call; ours beside torch's own call in the same run.
     python -m bench.calls [--json FILE] [--repeat N]
 
 Each call's figure is the median of seven rounds of N back-to-back calls (200 unless
---repeat says), ours and torch's in turn in every round.
+--repeat says), ours and torch's in turn in every round. Two rows without goals follow: a
+plain CuPy RawKernel launch on the same 64 elements, in place and into a new array, timed
+in the elementwise call's rounds: the least any CuPy call that returns its result costs on
+this host at this moment.
 
 It calls the public API only, so that it measures an older tree as well: tools/gpu_report.py
 copies this file and bench/timing.py into a package beside an older checkout and runs it
@@ -19,9 +22,20 @@ import numpy as np
 
 from . import timing
 
+ELEMENTWISE = "sigmoid_activation (elementwise)"
 #: the goals of each call, in µs of wall clock per call on an H100 host
 GOALS = {"gru_forward(training=False)": 40.0, "GRU train step (forward + backward)": 120.0,
-         "sigmoid_activation (elementwise)": 10.0, "adam_update": 15.0}
+         ELEMENTWISE: 10.0, "adam_update": 15.0}
+#: reference rows (no goal): what plain CuPy pays for the least an elementwise call does, a
+#: RawKernel launch, with and without allocating its result, timed in the rounds of ours
+#: and torch's elementwise calls (the host's pace moves within seconds)
+FLOORS = ("plain CuPy: RawKernel launch, in place", "plain CuPy: cupy.empty + RawKernel launch")
+_FLOOR_SOURCE = r"""
+extern "C" __global__ void calls_floor(float* out, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+"""
 
 
 def cases():
@@ -50,7 +64,7 @@ def cases():
         ck.adam_update(D, wt, m, s, 4, 1e-3, t=3)
 
     ours = {"gru_forward(training=False)": infer, "GRU train step (forward + backward)": train,
-            "sigmoid_activation (elementwise)": lambda: ck.sigmoid_activation(v),
+            ELEMENTWISE: lambda: ck.sigmoid_activation(v),
             "adam_update": adam}
     theirs = dict.fromkeys(ours)
     torch = timing.torch_cuda()
@@ -76,9 +90,27 @@ def cases():
 
         theirs = {"gru_forward(training=False)": t_infer,
                   "GRU train step (forward + backward)": t_train,
-                  "sigmoid_activation (elementwise)": lambda: torch.sigmoid(tv),
+                  ELEMENTWISE: lambda: torch.sigmoid(tv),
                   "adam_update": t_adam}
     return [(name, fn, theirs[name]) for name, fn in ours.items()]
+
+
+def floors():
+    """{FLOORS name: call}: a plain CuPy RawKernel on 64 elements, in place and into a new
+    array (the least host work of an elementwise call that returns its result)."""
+    import cupy as cp
+    kern = cp.RawKernel(_FLOOR_SOURCE, "calls_floor")
+    x = cp.asarray(np.random.default_rng(1).uniform(-0.5, 0.5, 64).astype(np.float32))
+    n, out = np.int32(x.size), cp.empty_like(x)
+
+    def in_place():
+        kern((1,), (64,), (out, x, n))
+
+    def allocating():
+        o = cp.empty(x.shape, x.dtype)
+        kern((1,), (64,), (o, x, n))
+        return o
+    return dict(zip(FLOORS, (in_place, allocating)))
 
 
 def measure(repeat=200):
@@ -91,17 +123,22 @@ def measure(repeat=200):
         cp.cuda.Device().synchronize()
         if torch is not None:
             torch.cuda.synchronize()
-    rows = []
+    rows, extra = [], []
     for name, ours, theirs in cases():
         fns = {"ours_us": ours} if theirs is None else {"ours_us": ours, "torch_us": theirs}
+        if name == ELEMENTWISE:
+            fns.update(floors())        # (in the elementwise call's rounds)
         got = timing.interleaved_host_us(fns, n_repeat=repeat, sync=sync)
         rows.append({"case": name, "goal_us": GOALS[name], "ours_us": got["ours_us"],
                      "torch_us": got.get("torch_us")})
-    return rows
+        extra += [{"case": f, "goal_us": None, "ours_us": got[f], "torch_us": None}
+                  for f in FLOORS if f in got]
+    return rows + extra
 
 
 def markdown(rows, before=None, before_label="before"):
-    """The table: ours, the goal, torch's call, and an earlier tree's where given."""
+    """The table: ours, the goal, torch's call, and an earlier tree's where given; a row
+    without a goal (FLOORS) shows "-" for it."""
     old = {r["case"]: r["ours_us"] for r in (before or [])}
     head = "| call | ours (µs) | goal (µs) | met | torch's call (µs) |"
     sep = "|---|---|---|---|---|"
@@ -111,8 +148,10 @@ def markdown(rows, before=None, before_label="before"):
     lines = [head, sep]
     for r in rows:
         t = "-" if r["torch_us"] is None else f"{r['torch_us']:.1f}"
-        line = (f"| {r['case']} | {r['ours_us']:.1f} | {r['goal_us']:.0f} | "
-                f"{'yes' if r['ours_us'] <= r['goal_us'] else 'NO'} | {t} |")
+        goal = r.get("goal_us")
+        judged = "-" if goal is None else ("yes" if r["ours_us"] <= goal else "NO")
+        line = (f"| {r['case']} | {r['ours_us']:.1f} | "
+                f"{'-' if goal is None else f'{goal:.0f}'} | {judged} | {t} |")
         if before:
             line += f" {old[r['case']]:.1f} |" if r["case"] in old else " - |"
         lines.append(line)

@@ -29,11 +29,37 @@ def test_auto_table_keeps_every_shape_and_names_what_a_geomean_leaves_out():
 
 def test_call_table_judges_each_goal_and_shows_the_earlier_tree():
     rows = [{"case": "a", "goal_us": 10.0, "ours_us": 8.0, "torch_us": 5.0},
-            {"case": "b", "goal_us": 10.0, "ours_us": 12.5, "torch_us": None}]
+            {"case": "b", "goal_us": 10.0, "ours_us": 12.5, "torch_us": None},
+            {"case": calls.FLOORS[1], "goal_us": None, "ours_us": 7.25, "torch_us": None}]
     lines = calls.markdown(rows, [{"case": "a", "ours_us": 30.0}], "5b148a0")
     assert lines[0].endswith("5b148a0 (µs) |")
     assert lines[2] == "| a | 8.0 | 10 | yes | 5.0 | 30.0 |"
     assert lines[3] == "| b | 12.5 | 10 | NO | - | - |"
+    assert lines[4] == f"| {calls.FLOORS[1]} | 7.2 | - | - | - | - |"
+
+
+def test_call_floors_sit_in_the_elementwise_calls_rounds(monkeypatch):
+    """bench.calls.measure times the plain CuPy floors in the same interleaved rounds as the
+    elementwise call (the host's pace moves within seconds), and lists them after the
+    calls with goals, without a goal of their own."""
+    def fake_cases():
+        return [(name, (lambda: None), (lambda: None)) for name in calls.GOALS]
+    seen = []
+
+    def fake_interleaved(fns, n_repeat, sync):
+        seen.append(sorted(fns))
+        return {k: float(len(seen)) for k in fns}
+    monkeypatch.setattr(calls, "cases", fake_cases)
+    monkeypatch.setattr(calls, "floors", lambda: {f: (lambda: None) for f in calls.FLOORS})
+    monkeypatch.setattr(calls.timing, "interleaved_host_us", fake_interleaved)
+    monkeypatch.setattr(calls.timing, "torch_cuda", lambda: None)
+    rows = calls.measure(5)
+    assert [r["case"] for r in rows] == list(calls.GOALS) + list(calls.FLOORS)
+    at = list(calls.GOALS).index(calls.ELEMENTWISE)
+    assert seen[at] == sorted(["ours_us", "torch_us", *calls.FLOORS])
+    assert all(len(s) == 2 for i, s in enumerate(seen) if i != at)
+    assert [r["ours_us"] for r in rows[-2:]] == [at + 1.0] * 2
+    assert all(r["goal_us"] is None for r in rows[-2:])
 
 
 def test_small_table_keeps_shapes_the_small_path_does_not_hold():
