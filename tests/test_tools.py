@@ -147,3 +147,55 @@ def test_every_phase_of_the_gpu_script_runs_its_commands_and_writes_its_section(
     python = [c for c in ran if "-m" in c]
     assert python and all(sys.executable in c for c in python)
     assert any("bench.paths" in c for c in python) and any("pytest" in c for c in python)
+
+
+def _tool(name):
+    path = os.path.join(os.path.dirname(_PATH), name)
+    spec = importlib.util.spec_from_file_location(name[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
+    """tools/inference_sweep.py's candidates: each built tile at every rows count it takes,
+    less the splits the GPU cannot hold, then the per-step plan, and the small plan only
+    where it holds the shape."""
+    sweep = _tool("inference_sweep.py")
+    tried = []
+
+    class Plans:
+        TILES = {4: (("a", 0, 2), ("b", 0, 3)), 8: (("c", 0, 9),)}
+        STEPS, fits = "steps", False
+
+        class SMALL:
+            @staticmethod
+            def fits(B, H, D):
+                return Plans.fits
+
+        @staticmethod
+        def tile_split(B, H, D, tile, rows, itemsize):
+            tried.append((tile[0], rows, itemsize))
+            return None if (tile[0], rows) == ("a", 2) else (tile[0], rows)
+
+        @staticmethod
+        def groups_at_once(split, dtype, device):
+            return 0 if split == ("b", 3) else 4
+
+        @staticmethod
+        def resident(split, D, at_once):
+            return split if at_once else None
+
+    got = sweep.candidates(Plans, 8, 64, 1, 10, 4, 0)
+    assert tried == [("a", 1, 4), ("a", 2, 4), ("b", 1, 4), ("b", 2, 4), ("b", 3, 4)]
+    assert got == [("a", 1), ("b", 1), ("b", 2), "steps"]
+    Plans.fits = True
+    assert sweep.candidates(Plans, 8, 64, 1, 10, 4, 0)[-1] is Plans.SMALL
+
+
+def test_the_inference_sweep_refuses_an_unknown_shape_id(capsys):
+    import pytest
+    sweep = _tool("inference_sweep.py")
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["S1", "Z9"])
+    assert e.value.code == 2 and "Z9" in capsys.readouterr().err
