@@ -573,29 +573,33 @@ def waves(plan, D, groups_at_once):
     return -(-plan.groups // max(1, groups_at_once // D))
 
 
-def tile_rank(plan, D, groups_at_once):
-    """The order in which fast_plan prefers tile splits, from the measurements in
-    docs/performance.md (`python -m bench.gru --sweep`): fewest waves of groups (groups run
-    at once only as far as the GPU holds their blocks), then the fewest rows the kernel
+def tile_rank(plan, D, groups_at_once, backward=False):
+    """The order in which fast_plan prefers tile splits for the forward pass (or with
+    `backward` the backward pass), from the measurements in docs/performance.md (`python -m
+    bench.gru --sweep`, tools/inference_sweep.py): fewest waves of groups (groups run at
+    once only as far as the GPU holds their blocks), then the fewest rows the kernel
     computes per group (a step's time grows with them), then the scope: one block of 256
     threads (no exchange), then a cluster, then one block of 512 threads (a cluster of two
     was faster in both passes on S2 and S7: half the product per SM for an exchange through
     st.async), then grid scope. Then most weights per thread (fewer lanes: fewer warps in
     the product and fewer lane sums to add), then two units per thread before one or four (a
     pack loaded from shared memory serves two units; the sweeps put 4 packs x 2 units ahead
-    of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), then fewer
-    threads, then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block
-    kernels beat the 2- and 8-block ones forward, by 6-9%, and, since the warps with
-    pointwise steps leave the product to the others, backward too: 0.71-0.76 against
-    0.79-0.82 µs a step); last, the fewest rows per group, so that as many groups run as
-    the same waves hold, each with a shorter step (tools/rows_probe.py: S3 and S5 4-5%
-    faster in both passes at 5 rows than at 8, O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27%
-    at 2-3 rows against 8; docs/performance.md)."""
+    of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), except in
+    a forward pass at cluster scope, which takes one unit per thread first (8 x 1 ran 4-6%
+    ahead of 4 x 2 forward on S2 and S7, with history kept and without, in the H100 report
+    at 552a83b and its inference sweep; at block scope S1's forward and S4's inference
+    prefer 4 x 2). Then fewer threads, then the cluster size: 4 blocks first, then the
+    smaller (on S7 the 4-block kernels beat the 2- and 8-block ones forward, by 6-9%, and,
+    since the warps with pointwise steps leave the product to the others, backward too:
+    0.71-0.76 against 0.79-0.82 µs a step); last, the fewest rows per group, so that as many
+    groups run as the same waves hold, each with a shorter step (tools/rows_probe.py: S3 and
+    S5 4-5% faster in both passes at 5 rows than at 8, O1 and A1 5-9%, A2 10-13%, A5 and A6
+    15-27% at 2-3 rows against 8; docs/performance.md)."""
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
+    units = plan.per_thread if scope == 1 and not backward else abs(plan.per_thread - 2)
     return (waves(plan, D, groups_at_once), plan.max_rows, scope,
-            -plan.packs * plan.per_thread, abs(plan.per_thread - 2), plan.threads, size,
-            plan.rows)
+            -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows)
 
 
 def resident(plan, D, at_once):
@@ -678,7 +682,7 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
                                for p in scoped)]
         ranked = [(p, n) for p, n in ranked if p is not None]
         if ranked:
-            return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1]))[0]
+            return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))[0]
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
                          for n in range(1, H + 1)) if p is not None}
     for plan in sorted(plans, key=lambda p: (persist_cost(p, B, H, D, itemsize), p.blocks)):

@@ -503,7 +503,7 @@ def test_fast_plan_scopes_limits_and_fallback(cp, rng):
     # a barrier across blocks beyond
     assert plans.fast_plan(1, 64, 1, np.float32).scope == "block"
     assert plans.fast_plan(1, 65, 1, np.float32).scope == "cluster"
-    assert plans.fast_plan(1, 128, 1, np.float32).tile == (4, 4, 1, 256, 2)   # S7
+    assert plans.fast_plan(1, 128, 1, np.float32).tile == (4, 8, 1, 256, 1)   # S7
     assert plans.fast_plan(1, 128, 1, np.float32, backward=True).tile == (4, 4, 1, 256, 2)
     assert plans.fast_plan(64, 128, 2, np.float32).tile == (1, 4, 1, 512, 2)  # S4
     assert plans.fast_plan(1, 160, 1, np.float32).scope == "cluster"

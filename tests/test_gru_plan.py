@@ -730,6 +730,22 @@ def test_tile_rank_takes_the_fewest_rows_per_group_that_the_fewest_waves_hold():
     assert ranked[0][0][0] == 1 and ranked[4][0][0] == 2       # (waves: one, then two)
 
 
+def test_a_forward_pass_at_cluster_scope_ranks_one_unit_per_thread_first():
+    """Among splits alike up to the units per thread, the forward pass at cluster scope takes
+    8 packs x 1 unit (S7: B = 1, H = 128, clusters of 4), the backward pass 4 x 2; at block
+    scope both passes keep 4 x 2 (S4's shape on 512-thread blocks)."""
+    one = plans.tile_split(1, 128, 1, (4, 8, 1, 256, 1), 1, 4)
+    two = plans.tile_split(1, 128, 1, (4, 4, 1, 256, 2), 1, 4)
+    assert one.packs * one.per_thread == two.packs * two.per_thread
+    assert plans.tile_rank(one, 1, 33) < plans.tile_rank(two, 1, 33)
+    assert plans.tile_rank(two, 1, 33, backward=True) < plans.tile_rank(one, 1, 33,
+                                                                         backward=True)
+    one = plans.tile_split(64, 128, 2, (1, 8, 1, 512, 1), 1, 4)
+    two = plans.tile_split(64, 128, 2, (1, 4, 1, 512, 2), 1, 4)
+    for backward in (False, True):
+        assert plans.tile_rank(two, 2, 132, backward) < plans.tile_rank(one, 2, 132, backward)
+
+
 def test_grid_scope_waves_count_each_direction_s_slots():
     """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
     them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both
