@@ -12,6 +12,7 @@ A shape where auto is more than SLACK slower is listed.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
@@ -32,6 +33,34 @@ EDGES = {
 }
 ALL = {**{k: (v, "S1-S10") for k, v in SHAPES.items()}, **OFF_TABLE, **EDGES}
 PATHS = ("auto", "steps", "fast")
+
+
+def probe_args(doc, default_ids, argv, extra=()):
+    """The command line of a probe of these shapes (tools/rows_probe.py, inference_sweep.py):
+    shape ids (default `default_ids`), --repeat, and `extra` ((flag, type, default, help)
+    each); an unknown id stops with argparse's error naming it."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("ids", nargs="*", default=list(default_ids), help="shape ids of bench.paths")
+    ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
+    for flag, kind, default, text in extra:
+        ap.add_argument(flag, type=kind, default=default, help=text)
+    args = ap.parse_args(argv)
+    bad = [i for i in args.ids if i not in ALL]
+    if bad:
+        ap.error(f"unknown shape id(s) {bad}; choose from {', '.join(ALL)}")
+    return args
+
+
+def probe_problems(ids, repeat):
+    """For each shape id, (id, (T, B, I, H, bidirectional, D), the problem's cupy arrays by
+    name, the four weights in gru_forward's order, timed calls per measurement)."""
+    import cupy as cp
+    for sid in ids:
+        (T, B, I, H, bi), _ = ALL[sid]
+        a = {k: cp.asarray(v) for k, v in make_problem(T, B, I, H, bi).items()
+             if isinstance(v, np.ndarray)}
+        yield (sid, (T, B, I, H, bi, 2 if bi else 1), a,
+               (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"]), timing.repeats_for(T, repeat))
 #: auto may be this much slower than the fastest of our paths before a shape is listed (two
 #: runs of one path differ by a few percent)
 SLACK = 1.05

@@ -586,15 +586,15 @@ def tile_rank(plan, D, groups_at_once, backward=False):
     pack loaded from shared memory serves two units; the sweeps put 4 packs x 2 units ahead
     of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), except in
     a forward pass at cluster scope, which takes one unit per thread first (8 x 1 ran 4-6%
-    ahead of 4 x 2 forward on S2 and S7, with history kept and without, in the H100 report
-    at 552a83b and its inference sweep; at block scope S1's forward and S4's inference
-    prefer 4 x 2). Then fewer threads, then the cluster size: 4 blocks first, then the
-    smaller (on S7 the 4-block kernels beat the 2- and 8-block ones forward, by 6-9%, and,
-    since the warps with pointwise steps leave the product to the others, backward too:
-    0.71-0.76 against 0.79-0.82 µs a step); last, the fewest rows per group, so that as many
-    groups run as the same waves hold, each with a shorter step (tools/rows_probe.py: S3 and
-    S5 4-5% faster in both passes at 5 rows than at 8, O1 and A1 5-9%, A2 10-13%, A5 and A6
-    15-27% at 2-3 rows against 8; docs/performance.md)."""
+    ahead of 4 x 2 on S7's forward, with history kept and without, and on O7's, O11's and
+    O13's inference, on H100s at 552a83b and dac68b3; S2 within noise; at block scope S1's
+    forward prefers 4 x 2, and S4's inference one or the other run to run). Then fewer threads,
+    then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block kernels beat the
+    2- and 8-block ones forward, by 6-9%, and, since the warps with pointwise steps leave the
+    product to the others, backward too: 0.71-0.76 against 0.79-0.82 µs a step); last, the
+    fewest rows per group, so that as many groups run as the same waves hold, each with a
+    shorter step (tools/rows_probe.py: S3 and S5 4-5% faster in both passes at 5 rows than at 8,
+    O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27% at 2-3 rows against 8; docs/performance.md)."""
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
     units = plan.per_thread if scope == 1 and not backward else abs(plan.per_thread - 2)

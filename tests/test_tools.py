@@ -199,3 +199,22 @@ def test_the_inference_sweep_refuses_an_unknown_shape_id(capsys):
     with pytest.raises(SystemExit) as e:
         sweep.main(["S1", "Z9"])
     assert e.value.code == 2 and "Z9" in capsys.readouterr().err
+
+
+def test_probe_problems_gives_each_shape_its_arrays_weights_and_repeats(monkeypatch):
+    """bench.paths.probe_problems (the probes' loop over shapes): the shape's dimensions
+    with D, its arrays on the device (a stand-in for cupy here), the weights in
+    gru_forward's order, and a quarter of the timed calls from T = 1000 on."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from bench import paths
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.array))
+    got = list(paths.probe_problems(["S4", "O11"], 20))
+    (sid, dims, a, w, n), (sid2, dims2, _, _, n2) = got
+    assert (sid, dims, n) == ("S4", (100, 64, 40, 128, True, 2), 20)
+    assert (sid2, dims2, n2) == ("O11", (1000, 8, 32, 96, False, 1), 5)
+    assert a["x"].shape == (100, 64, 40) and a["w_hh"].shape == (2, 384, 128)
+    assert [x is a[k] for x, k in zip(w, ("w_ih", "w_hh", "b_ih", "b_hh"))] == [True] * 4

@@ -1,5 +1,6 @@
-"""Every plan of ours for a shape's inference call, timed beside path="auto" and cuDNN: the
-data behind the planner's choice for forward passes that keep no history.
+"""Each shape's inference call timed on every plan of ours, beside path="auto" and cuDNN.
+
+The data behind the planner's choice for forward passes that keep no history.
 
     python tools/inference_sweep.py O11 O13 O7 S1 S2 ...   (GPU needed; bench.paths' ids:
                                                             S1-S10, O1-O16, A1-A6)
@@ -11,7 +12,6 @@ the per-step path and on the small path where it holds the shape; the fastest fi
 plan auto takes marked *. The tile ranking (cugru._plan.tile_rank) orders the forward pass
 with history and the inference pass alike; this shows where the two part.
 """
-import argparse
 import os
 import sys
 
@@ -47,32 +47,18 @@ def describe(plan):
 
 
 def main(argv=None):
-    from bench.paths import ALL
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("ids", nargs="*", default=["O11", "O13", "O7", "S1", "S2"],
-                    help="shape ids of bench.paths")
-    ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
-    ap.add_argument("--top", type=int, default=8, help="plans listed per shape, fastest first")
-    args = ap.parse_args(argv)
-    bad = [i for i in args.ids if i not in ALL]
-    if bad:
-        ap.error(f"unknown shape id(s) {bad}; choose from {', '.join(ALL)}")
+    from bench.paths import probe_args, probe_problems
+    args = probe_args(__doc__, ["O11", "O13", "O7", "S1", "S2"], argv,
+                      [("--top", int, 8, "plans listed per shape, fastest first")])
     from bench import timing
     timing.require_gpu()
     import cupy as cp
 
     import cugru
-    from bench.shapes import make_problem
     from cugru import plans
     torch = timing.torch_cuda()
     device = cp.cuda.runtime.getDevice()
-    for sid in args.ids:
-        (T, B, I, H, bi), _ = ALL[sid]
-        D = 2 if bi else 1
-        p = make_problem(T, B, I, H, bi)
-        a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
-        w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
-        n = timing.repeats_for(T, args.repeat)
+    for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
         auto = plans.choose("auto", B, H, D, np.dtype(np.float32), T=T, I=I)
 
         def ms(fn):

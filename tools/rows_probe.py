@@ -9,7 +9,6 @@ of rows per group it takes: the groups, the waves of groups the GPU runs them in
 device ms of the forward pass without history and with it (forward), or of the backward
 recurrence (backward, after a per-step forward pass).
 """
-import argparse
 import os
 import sys
 
@@ -20,31 +19,17 @@ sys.path.insert(0, ROOT)
 
 
 def main(argv=None):
-    from bench.paths import ALL
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("ids", nargs="*", default=["S3", "S5", "O1", "A2", "A5"],
-                    help="shape ids of bench.paths")
-    ap.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
-    args = ap.parse_args(argv)
-    bad = [i for i in args.ids if i not in ALL]
-    if bad:
-        ap.error(f"unknown shape id(s) {bad}; choose from {', '.join(ALL)}")
+    from bench.paths import probe_args, probe_problems
+    args = probe_args(__doc__, ["S3", "S5", "O1", "A2", "A5"], argv)
     from bench import timing
     timing.require_gpu()
     import cupy as cp
 
-    from bench.shapes import make_problem
     from cugru import plans
     device = cp.cuda.runtime.getDevice()
     print("| id | pass | tile | chosen rows | rows: groups, waves, ms |")
     print("|---|---|---|---|---|")
-    for sid in args.ids:
-        (T, B, I, H, bi), _ = ALL[sid]
-        D = 2 if bi else 1
-        p = make_problem(T, B, I, H, bi)
-        a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
-        w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
-        n = timing.repeats_for(T, args.repeat)
+    for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
         saved = plans.forward(a["x"], a["h0"], *w, plans.STEPS, bidirectional=bi)[2]
         for backward in (False, True):
             chosen = plans.fast_plan(B, H, D, np.float32, backward=backward)
