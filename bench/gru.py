@@ -90,8 +90,11 @@ def fast_info(p, repeat=None):
     plan = plans.fast_plan(B, H, D, np.float32)
     if plan is None:
         return None
-    kernels = plan.kernels("float")
-    regs = [kernels[0].raw.num_regs, kernels[2].raw.num_regs]
+    back = plans.fast_plan(B, H, D, np.float32, backward=True)
+    # (each pass's own kernel: the backward pass may take another split, or the per-step
+    # path, None here)
+    regs = [plan.kernels("float")[0].raw.num_regs,
+            back.kernels("float")[2].raw.num_regs if back is not None else None]
     if isinstance(plan, plans.TilePlan):
         # every block receives its rows' whole vector (distributed shared memory, or L2 at
         # grid scope)
@@ -99,11 +102,12 @@ def fast_info(p, repeat=None):
         info = {"cluster": plan.cluster or f"{plan.group_blocks} per group, {plan.slots} at once",
                 "rows": f"{plan.rows} per group", "lanes": plan.lanes,
                 "threads": plan.threads, "packs": f"{plan.packs} x {plan.per_thread} units"}
+        if isinstance(back, plans.TilePlan) and back.tile != plan.tile:
+            info["packs"] += f" (backward {back.packs} x {back.per_thread})"
     else:
         moved = plan.blocks * D * B * H * 4     # every block reads its direction's h from L2
         info = {"cluster": "-", "rows": f"{plan.rows_per_thread} per thread", "lanes": "-",
                 "threads": plans.PERSIST_THREADS, "packs": "-"}
-    back = plans.fast_plan(B, H, D, np.float32, backward=True)
     scope = plan.scope if back == plan else \
         f"{plan.scope} (backward: {back.scope if back else 'per step'})"
     info.update({"scope": scope, "blocks": plan.blocks * D, "units": plan.units,
@@ -381,7 +385,8 @@ def tile_sweep(shape_ids, repeat):
              "Forward (history kept) and backward recurrence, device ms, for every built tile "
              "kernel (cluster, packs per thread, gate and unit, most rows, threads, units per "
              "thread) that holds the shape, with one row per group and with the rows "
-             "fast_plan's ranking prefers for that kernel; * = fast_plan's choice.", "",
+             "fast_plan's ranking prefers for that kernel; * = fast_plan's choice for the "
+             "forward pass, b = for the backward pass.", "",
              "| id | cluster | packs | most rows | threads | units per thread | rows | lanes | "
              "blocks | groups at once | forward | backward |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -390,6 +395,7 @@ def tile_sweep(shape_ids, repeat):
         p = make_problem(T, B, I, H, bi)
         D = 2 if bi else 1
         chosen = plans.fast_plan(B, H, D, np.float32)
+        chosen_back = plans.fast_plan(B, H, D, np.float32, backward=True)
         a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
         w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
         at_once = lambda plan: plans.groups_at_once(plan, "<f4", dev)  # noqa: E731
@@ -401,8 +407,9 @@ def tile_sweep(shape_ids, repeat):
                       if s is not None]
             if not splits:
                 continue
-            best = min(splits, key=lambda s: plans.tile_rank(s, D, at_once(s)))
-            for plan in sorted({splits[0], best}, key=lambda s: s.rows):
+            best = {min(splits, key=lambda s: plans.tile_rank(s, D, at_once(s), backward))
+                    for backward in (False, True)}
+            for plan in sorted({splits[0], *best}, key=lambda s: s.rows):
                 def fwd(plan=plan):
                     return plans.forward(a["x"], a["h0"], *w, plan, bidirectional=bi)
                 saved = fwd()[2]
@@ -411,7 +418,7 @@ def tile_sweep(shape_ids, repeat):
                     return plans.backward_recurrence(a["dy"], None, saved, plan)
                 tf = timing.gpu_time_us(fwd, n_repeat=repeat) / 1e3
                 tb = timing.gpu_time_us(bwd, n_repeat=repeat) / 1e3
-                mark = " *" if plan == chosen else ""
+                mark = (" *" if plan == chosen else "") + (" b" if plan == chosen_back else "")
                 lines.append(f"| {sid} | {plan.cluster}{mark} | {plan.packs} | "
                              f"{plan.max_rows} | {plan.threads} | {plan.per_thread} | "
                              f"{plan.rows} | {plan.lanes} | {plan.blocks * D} | "

@@ -136,8 +136,9 @@ def markdown(rows, device, limits=None):
             floor = 2 * f.get("barrier_us", float("nan"))
             lines.append(f"| {r['id']} | {f['scope']} | {f['blocks']} | {f['threads']} | "
                          f"{f['cluster']} | {f['units']} | {f['rows']} | {f['lanes']} | "
-                         f"{f['packs']} | "
-                         f"{f['regs'][0]} / {f['regs'][1]} | {f['smem'] / 1024:.1f} | "
+                         f"{f['packs']} | {f['regs'][0]} / "
+                         f"{'-' if f['regs'][1] is None else f['regs'][1]} | "
+                         f"{f['smem'] / 1024:.1f} | "
                          f"{r['infer']['fast'] * 1e3 / T:.2f} | {train_step:.2f} | "
                          f"{floor / 2:.3f} | {floor:.3f} | {train_step / floor:.1f}x | "
                          f"{f['h_bytes_per_step'] / 1024:.1f} |")

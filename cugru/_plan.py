@@ -585,9 +585,10 @@ def tile_rank(plan, D, groups_at_once, backward=False):
     the product and fewer lane sums to add), then two units per thread before one or four (a
     pack loaded from shared memory serves two units; the sweeps put 4 packs x 2 units ahead
     of 2 x 4 on S1 in both passes, and ahead of 8 x 1 in S2's and S7's backward), except in
-    a forward pass at cluster scope, which takes one unit per thread first (8 x 1 ran 4-6%
+    a forward pass at cluster scope, which takes one unit per thread first (8 x 1 ran 2-6%
     ahead of 4 x 2 on S7's forward, with history kept and without, and on O7's, O11's and
-    O13's inference, on H100s at 552a83b and dac68b3; S2 within noise; at block scope S1's
+    O13's inference, on H100s at 552a83b and dac68b3; S2 within noise; O15's train step
+    slower after the change, not separated from the host's pace; at block scope S1's
     forward prefers 4 x 2, and S4's inference one or the other run to run). Then fewer threads,
     then the cluster size: 4 blocks first, then the smaller (on S7 the 4-block kernels beat the
     2- and 8-block ones forward, by 6-9%, and, since the warps with pointwise steps leave the

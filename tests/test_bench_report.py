@@ -353,3 +353,29 @@ def test_host_time_us_is_one_callable_timed_over_five_runs(monkeypatch):
     got = timing.host_time_us(fn, n_repeat=2, n_warmup=3, sync=lambda: log.append("|"))
     assert "".join(log) == "ccc|" + "cc|" * 5
     assert got == pytest.approx(2.0)          # runs of 1, 9, 2, 2, 2 µs a call
+
+
+def test_the_fast_path_row_reads_each_pass_s_registers_from_its_own_plan(monkeypatch):
+    """bench.gru.fast_info: where the backward pass takes another split (S7's shape: 8 x 1
+    forward, 4 x 2 backward), the registers column reads the backward kernel of the
+    backward plan and the packs say so; with the per-step path backward it shows none."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bench import gru
+    from cugru import plans
+    fwd = plans.tile_split(1, 128, 1, (4, 8, 1, 256, 1), 1, 4)
+    bwd = plans.tile_split(1, 128, 1, (4, 4, 1, 256, 2), 1, 4)
+    regs = {fwd.tile: (168, 170, 244), bwd.tile: (150, 160, 210)}
+    monkeypatch.setattr(plans.TilePlan, "kernels", lambda self, ctype: tuple(
+        SimpleNamespace(raw=SimpleNamespace(num_regs=n)) for n in regs[self.tile]))
+    chosen = {False: fwd, True: bwd}
+    monkeypatch.setattr(plans, "fast_plan",
+                        lambda B, H, D, dt, backward=False: chosen[backward])
+    p = {"x": np.zeros((500, 1, 64)), "w_hh": np.zeros((1, 384, 128))}
+    info = gru.fast_info(p)
+    assert info["regs"] == [168, 210] and info["packs"] == "8 x 1 units (backward 4 x 2)"
+    chosen[True] = None
+    info = gru.fast_info(p)
+    assert info["regs"] == [168, None] and info["packs"] == "8 x 1 units"

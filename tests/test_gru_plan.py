@@ -746,6 +746,26 @@ def test_a_forward_pass_at_cluster_scope_ranks_one_unit_per_thread_first():
         assert plans.tile_rank(two, 2, 132, backward) < plans.tile_rank(one, 2, 132, backward)
 
 
+def test_fast_plan_ranks_each_pass_with_its_own_rule(monkeypatch):
+    """_fast_plan hands the pass to tile_rank: on an sm_90 stand-in where every cluster of
+    four holds 33 groups at once, S7's shape (B = 1, H = 128) plans its forward pass on 8
+    packs x 1 unit a thread and its backward pass on 4 x 2."""
+    from types import SimpleNamespace
+
+    from cugru import _device, _plan
+    monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
+        cc=90, smem_optin=227 * 1024, sms=132, id=0))
+    monkeypatch.setattr(_plan, "groups_at_once",
+                        lambda plan, dtype, device_id, qat=False, lengths=False: 33)
+    _plan._fast_plan.cache_clear()
+    try:
+        fwd = _plan._fast_plan(1, 128, 1, "<f4", 0, False)
+        bwd = _plan._fast_plan(1, 128, 1, "<f4", 0, True)
+    finally:
+        _plan._fast_plan.cache_clear()
+    assert (fwd.tile, bwd.tile) == ((4, 8, 1, 256, 1), (4, 4, 1, 256, 2))
+
+
 def test_grid_scope_waves_count_each_direction_s_slots():
     """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
     them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both

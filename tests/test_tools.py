@@ -158,14 +158,15 @@ def _tool(name):
 
 
 def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
-    """tools/inference_sweep.py's candidates: each built tile at every rows count it takes,
-    less the splits the GPU cannot hold, then the per-step plan, and the small plan only
-    where it holds the shape."""
+    """tools/inference_sweep.py's candidates: each built tile that runs on the device at every
+    rows count it takes, less the splits over the shared memory limit and those the GPU
+    cannot hold, then the per-step plan, and the small plan only where it holds the shape."""
+    from types import SimpleNamespace
     sweep = _tool("inference_sweep.py")
     tried = []
 
     class Plans:
-        TILES = {4: (("a", 0, 2), ("b", 0, 3)), 8: (("c", 0, 9),)}
+        TILES = {4: (("a", 0, 2), ("b", 0, 3), ("new", 0, 1)), 8: (("c", 0, 9),)}
         STEPS, fits = "steps", False
 
         class SMALL:
@@ -174,23 +175,31 @@ def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
                 return Plans.fits
 
         @staticmethod
+        def tile_runs_on(tile, cc):
+            return tile[0] != "new" or cc >= 100
+
+        @staticmethod
         def tile_split(B, H, D, tile, rows, itemsize):
             tried.append((tile[0], rows, itemsize))
-            return None if (tile[0], rows) == ("a", 2) else (tile[0], rows)
+            if (tile[0], rows) == ("a", 2):
+                return None
+            big = (tile[0], rows) == ("b", 2)
+            return SimpleNamespace(key=(tile[0], rows), smem_fwd=10, smem_bwd=99 if big else 10)
 
         @staticmethod
         def groups_at_once(split, dtype, device):
-            return 0 if split == ("b", 3) else 4
+            return 0 if split.key == ("b", 3) else 4
 
         @staticmethod
         def resident(split, D, at_once):
             return split if at_once else None
 
-    got = sweep.candidates(Plans, 8, 64, 1, 10, 4, 0)
+    got = sweep.candidates(Plans, 8, 64, 1, 0, 90, 50)
     assert tried == [("a", 1, 4), ("a", 2, 4), ("b", 1, 4), ("b", 2, 4), ("b", 3, 4)]
-    assert got == [("a", 1), ("b", 1), ("b", 2), "steps"]
+    assert [getattr(p, "key", p) for p in got] == [("a", 1), ("b", 1), "steps"]
     Plans.fits = True
-    assert sweep.candidates(Plans, 8, 64, 1, 10, 4, 0)[-1] is Plans.SMALL
+    got = sweep.candidates(Plans, 8, 64, 1, 0, 100, 50)
+    assert ("new", 1) in [getattr(p, "key", p) for p in got] and got[-1] is Plans.SMALL
 
 
 def test_the_inference_sweep_refuses_an_unknown_shape_id(capsys):
