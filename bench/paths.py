@@ -61,6 +61,8 @@ def probe_problems(ids, repeat):
              if isinstance(v, np.ndarray)}
         yield (sid, (T, B, I, H, bi, 2 if bi else 1), a,
                (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"]), timing.repeats_for(T, repeat))
+
+
 #: auto may be this much slower than the fastest of our paths before a shape is listed (two
 #: runs of one path differ by a few percent)
 SLACK = 1.05

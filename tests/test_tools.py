@@ -1,12 +1,21 @@
-"""The GPU script's reading of compute-sanitizer's output (tools/gpu_report.py, CPU only)."""
+"""The tools on the CPU: the GPU script's reading of compute-sanitizer's output and its
+phases (tools/gpu_report.py), the tile diagnostic's patches, the probes' argument and
+candidate handling."""
 import importlib.util
 import os
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                     "gpu_report.py")
-_SPEC = importlib.util.spec_from_file_location("gpu_report", _PATH)
-gpu_report = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(gpu_report)
+
+def _tool(name):
+    """tools/`name` loaded as a module (tools/ is no package)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        name)
+    spec = importlib.util.spec_from_file_location(name[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gpu_report = _tool("gpu_report.py")
 
 _LOG = """========= COMPUTE-SANITIZER
 ========= Error: Potential WAR hazard detected at __shared__ 0x1f0 in block (13,0,0) :
@@ -49,15 +58,6 @@ def test_finding_kinds_of_a_clean_run_is_empty():
                                     "SKIPPED [1] tests/x.py:3: no\n"
                                     "========= 3 passed, 1 skipped in 1.00s =========\n"
                                     "========= ERROR SUMMARY: 0 errors\n") == []
-
-
-def _tool(name):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                        name)
-    spec = importlib.util.spec_from_file_location(name[:-3], path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_tile_diagnostic_s_patches_still_apply_to_the_kernel_source():
@@ -147,14 +147,6 @@ def test_every_phase_of_the_gpu_script_runs_its_commands_and_writes_its_section(
     python = [c for c in ran if "-m" in c]
     assert python and all(sys.executable in c for c in python)
     assert any("bench.paths" in c for c in python) and any("pytest" in c for c in python)
-
-
-def _tool(name):
-    path = os.path.join(os.path.dirname(_PATH), name)
-    spec = importlib.util.spec_from_file_location(name[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
