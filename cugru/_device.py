@@ -121,11 +121,9 @@ def _elements(shapes):
 
 
 def outputs(dtype, *shapes):
-    """New arrays of `shapes` for a call's results, one allocation each (measured: one
-    allocation shared by arrays on parts of it was slower on the host,
-    tools/call_profile.py --variants)."""
-    empty = runtime.empty
-    return tuple(empty(s, dtype) for s in shapes)
+    """New arrays of `shapes` for a call's results: runtime.empty_set (one allocation for
+    them all where they are small together, else one each)."""
+    return runtime.empty_set(dtype, shapes)
 
 
 def shared(kern, nbytes: int):

@@ -10,7 +10,7 @@ given) and one that rounds its results into arrays of the data's dtype (gru_cast
 CAST_ARRAYS arrays a launch), and the float32 copies for the length of the call. The host's
 part is kept short (a half-precision call on a small shape waits on the host): the float32
 copies are the pass's temporaries (dev.scratch: kept between calls on small shapes, one
-allocation each otherwise), each rounded result an allocation of its own, and the launch's
+allocation each otherwise), the rounded results new arrays (dev.outputs), and the launch's
 values packed as addresses. An inference pass on a plan that `captures` goes further
 (_inference): its widening and float32 pass replay one CUDA graph when a call repeats the
 arrays (by address) of an earlier one: a benchmark, a loop that refills its input arrays, or

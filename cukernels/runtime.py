@@ -273,6 +273,51 @@ def empty(shape, dtype):
     return (_CUPY or cupy_module()).ndarray(shape, dtype)
 
 
+#: a call's results of at most this many bytes together come from one allocation (empty_set);
+#: 0 gives each result its own
+SET_BYTES = 1 << 16
+#: the offset of each array in such an allocation is a multiple of this many bytes
+SET_ALIGN = 256
+_SET_LAYOUTS: dict = {}
+
+
+def _set_layout(shapes, dtype):
+    """(offsets, total bytes) of `shapes` in one allocation (empty_set), or None where they
+    take more than SET_BYTES together; kept per (shapes, dtype)."""
+    key = (shapes, dtype)
+    got = _SET_LAYOUTS.get(key, False)
+    if got is False:
+        itemsize, offsets, total = np.dtype(dtype).itemsize, [], 0
+        for shape in shapes:
+            n = itemsize
+            for d in ((shape,) if isinstance(shape, int) else shape):
+                n *= d
+            offsets.append(total)
+            total += -(-max(n, 1) // SET_ALIGN) * SET_ALIGN
+        got = (tuple(offsets), total) if total <= SET_BYTES else None
+        if len(_SET_LAYOUTS) < 4096:
+            _SET_LAYOUTS[key] = got
+    return got
+
+
+def empty_set(dtype, shapes):
+    """New uninitialised cupy arrays of `shapes` (a tuple of shape tuples), one per shape:
+    where they take at most SET_BYTES together, arrays on one allocation (each at its own
+    offset: an array keeps the allocation alive, so a small call's results free their memory
+    together), which costs the host less than an allocation each (an array made on a given
+    pointer skips the pool); else, or where this thread has an array maker (made_by), `empty`
+    for each."""
+    layout = None if len(shapes) < 2 or getattr(_MAKER, "make", None) is not None \
+        else _set_layout(shapes, dtype)
+    if layout is None:
+        return tuple(empty(s, dtype) for s in shapes)
+    cp = _CUPY or cupy_module()
+    offsets, total = layout
+    block = cp.cuda.alloc(total)
+    nd = cp.ndarray
+    return tuple(nd(s, dtype, block + o if o else block) for s, o in zip(shapes, offsets))
+
+
 def made_by(make):
     """Let `make(shape, dtype)` make the arrays `empty` returns on this thread, until the
     returned function is called (it restores the maker before). For a framework that hands

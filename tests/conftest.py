@@ -98,10 +98,10 @@ def cp():
 
 @pytest.fixture
 def poison(cp, monkeypatch):
-    """cupy.empty / empty_like and cukernels.runtime.empty return NaN-filled arrays, so an
-    unwritten element fails a test; cugru's temporaries are not reused between calls (each starts as NaN).
-    Arrays of 16-bit floats (float16, bfloat16) are filled through their bits: 0x7fff is a
-    NaN in both formats."""
+    """cupy.empty / empty_like and cukernels.runtime.empty and empty_set return NaN-filled
+    arrays, so an unwritten element fails a test; cugru's temporaries are not reused
+    between calls (each starts as NaN). Arrays of 16-bit floats (float16, bfloat16) are
+    filled through their bits: 0x7fff is a NaN in both formats."""
     from cugru import _device
     monkeypatch.setattr(_device, "SCRATCH_BYTES", 0)
     empty, empty_like = cp.empty, cp.empty_like
@@ -126,4 +126,10 @@ def poison(cp, monkeypatch):
 
     monkeypatch.setattr(cp, "empty", nan_empty)
     monkeypatch.setattr(cp, "empty_like", nan_empty_like)
+    runtime_empty_set = runtime.empty_set
+
+    def nan_runtime_empty_set(*a, **k):     # (results on one allocation: each filled)
+        return tuple(fill_nan(v) for v in runtime_empty_set(*a, **k))
+
     monkeypatch.setattr(runtime, "empty", nan_runtime_empty)  # (the fast calls' results)
+    monkeypatch.setattr(runtime, "empty_set", nan_runtime_empty_set)

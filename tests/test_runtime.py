@@ -193,3 +193,50 @@ def test_positional_launch_orders_are_the_declarations():
     small = runtime.signatures("gru_small.cu")
     assert names(small, "gru_small_forward") == list(_plan.SMALL_FORWARD_PARAMS)
     assert names(small, "gru_small_backward") == list(_plan.SMALL_BACKWARD_PARAMS)
+
+
+class _Block(int):
+    """A stand-in for a cupy MemoryPointer: an address, with + an offset."""
+    def __add__(self, other):
+        return _Block(int(self) + other)
+
+
+def test_empty_set_puts_small_results_on_one_allocation(monkeypatch):
+    """empty_set: small results on one allocation, each at an aligned offset of its own
+    (checked with a stand-in CuPy: the arrays are made on block + offset); a set beyond
+    SET_BYTES, a single result, or a thread with an array maker gets `empty` for each."""
+    allocs, made = [], []
+
+    class FakeCupy:
+        class cuda:
+            @staticmethod
+            def alloc(n):
+                allocs.append(n)
+                return _Block(1 << 20)
+
+        @staticmethod
+        def ndarray(shape, dtype, memptr=None):
+            made.append((shape, np.dtype(dtype).name, None if memptr is None else int(memptr)))
+            return made[-1]
+    monkeypatch.setattr(runtime, "_CUPY", FakeCupy)
+    monkeypatch.setattr(runtime, "_SET_LAYOUTS", {})
+    got = runtime.empty_set(np.float32, ((1, 1, 1), (1, 3), 70, (0, 5)))
+    base, a = 1 << 20, runtime.SET_ALIGN
+    # (70 floats take 280 bytes: two aligned slots; an empty array one)
+    assert allocs == [5 * a]
+    assert [g[:2] for g in got] == [((1, 1, 1), "float32"), ((1, 3), "float32"),
+                                    (70, "float32"), ((0, 5), "float32")]
+    assert [g[2] for g in got] == [base, base + a, base + 2 * a, base + 4 * a]
+    # beyond SET_BYTES together, or one result: an allocation each (no memptr)
+    allocs.clear(), made.clear()
+    n = runtime.SET_BYTES // 8 + 1
+    big = runtime.empty_set(np.float64, ((n,), (1,)))
+    one = runtime.empty_set(np.float64, ((3,),))
+    assert allocs == [] and [g[2] for g in big + one] == [None, None, None]
+    # an array maker (made_by) makes each result
+    undo = runtime.made_by(lambda shape, dtype: ("made", shape))
+    try:
+        assert runtime.empty_set(np.float32, ((1,), (2,))) == (("made", (1,)), ("made", (2,)))
+    finally:
+        undo()
+    assert allocs == []

@@ -49,14 +49,19 @@ def main(argv=None):
 SIX = ((1, 1, 1), (1, 1, 1), (1, 3, 1), (1, 3, 1), (1, 3), (1, 3))
 
 
-def _shared(cp, shapes, align=256):
-    """The results of `shapes` as arrays on one allocation (each on a 256-byte boundary)."""
-    offsets, total = [], 0
-    for sh in shapes:
-        offsets.append(total)
-        total += -(-int(np.prod(sh)) * 4 // align) * align
-    base = cp.ndarray((total // 4,), cp.float32).data
-    return [cp.ndarray(sh, cp.float32, base + off) for sh, off in zip(shapes, offsets)]
+def _per_result(fn, runtime):
+    """fn with each result on an allocation of its own: runtime.empty_set's other way
+    (its set of small results on one allocation), swapped in for the call."""
+    def one_each(dtype, shapes):
+        return tuple(runtime.empty(s, dtype) for s in shapes)
+
+    def call():
+        was, runtime.empty_set = runtime.empty_set, one_each
+        try:
+            fn()
+        finally:
+            runtime.empty_set = was
+    return call
 
 
 def variants(args):
@@ -159,7 +164,10 @@ def variants(args):
         "cp.empty((8, 8), f32)": lambda: cp.empty((8, 8), cp.float32),
         "cp.ndarray((8, 8), f32)": lambda: cp.ndarray((8, 8), cp.float32),
         "6 results: cp.empty each": lambda: [cp.empty(sh, cp.float32) for sh in SIX],
-        "6 results: one allocation, cp.ndarray(memptr) each": lambda: _shared(cp, SIX),
+        "6 results: runtime.empty_set (one allocation)": lambda: runtime.empty_set(
+            cp.float32, SIX),
+        "GRU train step, an allocation per result": _per_result(gru_train, runtime),
+        "gru_forward inference, an allocation per result": _per_result(gru_infer, runtime),
         "launch_elementwise into out": lambda: _launch.launch_elementwise(
             "activations.cu", "sigmoid_activation<float>", (v,), out, a=1.0),
         "sigmoid_activation(v, out=out)": lambda: ck.sigmoid_activation(v, out=out),
