@@ -380,7 +380,6 @@ def tile_sweep(shape_ids, repeat):
     import cupy as cp
 
     from cugru import plans
-    dev = cp.cuda.runtime.getDevice()
     lines = ["### Tile splits per shape (`python -m bench.gru --sweep`)", "",
              "Forward (history kept) and backward recurrence, device ms, for every built tile "
              "kernel (cluster, packs per thread, gate and unit, most rows, threads, units per "
@@ -398,16 +397,12 @@ def tile_sweep(shape_ids, repeat):
         chosen_back = plans.fast_plan(B, H, D, np.float32, backward=True)
         a = {k: cp.asarray(v) for k, v in p.items() if isinstance(v, np.ndarray)}
         w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
-        at_once = lambda plan: plans.groups_at_once(plan, "<f4", dev)  # noqa: E731
+        at_once = dict(plans.tile_splits(B, H, D, np.float32))    # {split: groups at once}
         for tile in plans.TILES[4]:
-            splits = [s for s in (plans.tile_split(B, H, D, tile, r, 4)
-                                  for r in range(1, tile[2] + 1)) if s is not None]
-            # (grid scope: as many groups at once as the GPU holds)
-            splits = [s for s in (plans.resident(s, D, at_once(s)) for s in splits)
-                      if s is not None]
+            splits = [s for s in at_once if s.tile == tile]
             if not splits:
                 continue
-            best = {min(splits, key=lambda s: plans.tile_rank(s, D, at_once(s), backward))
+            best = {min(splits, key=lambda s: plans.tile_rank(s, D, at_once[s], backward))
                     for backward in (False, True)}
             for plan in sorted({splits[0], *best}, key=lambda s: s.rows):
                 def fwd(plan=plan):
@@ -422,7 +417,7 @@ def tile_sweep(shape_ids, repeat):
                 lines.append(f"| {sid} | {plan.cluster}{mark} | {plan.packs} | "
                              f"{plan.max_rows} | {plan.threads} | {plan.per_thread} | "
                              f"{plan.rows} | {plan.lanes} | {plan.blocks * D} | "
-                             f"{at_once(plan)} | {tf:.3f} | {tb:.3f} |")
+                             f"{at_once[plan]} | {tf:.3f} | {tb:.3f} |")
                 print(lines[-1], file=sys.stderr, flush=True)
     return lines
 

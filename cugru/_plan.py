@@ -662,28 +662,45 @@ def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False):
                       bool(backward), bool(qat), bool(lengths))
 
 
-@functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
+def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
+    """[(plan, groups at once)]: every split of the tile kernels that can run a pass of the
+    shape on the current GPU (the forward pass, or with `backward` the backward pass; `qat`
+    and `lengths` as for fast_plan): built for this dtype and compute capability, with that
+    pass's instance, its shared memory within the device's, and at least one group per
+    direction resident at once (grid scope: resident() gives its slots); in the order of
+    cat.TILES, then of the rows per group. What fast_plan ranks, and what the benchmark's and
+    the tools' sweeps time."""
     itemsize = np.dtype(dtype).itemsize
     ctype = cat.CTYPE[itemsize]
     d = dev.device()
     kind = "backward" if backward else "train"
-    splits = [p for p in (tile_split(B, H, D, tile, r, itemsize)
-                          for tile in cat.TILES[itemsize]
-                          if cat.tile_runs_on(tile, d.cc)
-                          and cat.tile_has(ctype, tile, kind, qat, lengths)
-                          for r in range(1, tile[2] + 1))
-              if p is not None and max(p.smem_fwd, p.smem_bwd) <= d.smem_optin]
+    out = []
+    for tile in cat.TILES[itemsize]:
+        if not (cat.tile_runs_on(tile, d.cc) and cat.tile_has(ctype, tile, kind, qat, lengths)):
+            continue
+        for r in range(1, tile[2] + 1):
+            p = tile_split(B, H, D, tile, r, itemsize)
+            if p is None or max(p.smem_fwd, p.smem_bwd) > d.smem_optin:
+                continue
+            n = groups_at_once(p, np.dtype(dtype).str, d.id, qat, lengths)
+            p = resident(p, D, n)
+            if p is not None:
+                out.append((p, n))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
+    splits = tile_splits(B, H, D, dtype, backward, qat, lengths)
     # forward: block and cluster scope first, grid scope where neither holds the shape;
     # backward: all ranked together
-    for scoped in ([splits] if backward else
-                   ([p for p in splits if p.cluster], [p for p in splits if not p.cluster])):
-        ranked = [(resident(p, D, n), n)
-                  for p, n in ((p, groups_at_once(p, dtype, device_id, qat, lengths))
-                               for p in scoped)]
-        ranked = [(p, n) for p, n in ranked if p is not None]
+    for ranked in ([splits] if backward else
+                   ([pn for pn in splits if pn[0].cluster],
+                    [pn for pn in splits if not pn[0].cluster])):
         if ranked:
             return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))[0]
+    itemsize = np.dtype(dtype).itemsize
+    d = dev.device()
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
                          for n in range(1, H + 1)) if p is not None}
     for plan in sorted(plans, key=lambda p: (persist_cost(p, B, H, D, itemsize), p.blocks)):

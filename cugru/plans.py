@@ -24,7 +24,7 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
                     STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose,
                     fast_plan, groups_at_once, persist_cost, persist_split, resident,
-                    small_chain, small_takes, tile_rank, tile_split, waves)
+                    small_chain, small_takes, tile_rank, tile_split, tile_splits, waves)
 
 
 __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
@@ -33,8 +33,8 @@ __all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
-           "persist_split", "resident", "tile_rank", "tile_split", "waves", "forward",
-           "backward_recurrence", "backward_tail", "backward", "step_pieces", "use_graphs",
+           "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
+           "forward",           "backward_recurrence", "backward_tail", "backward", "step_pieces", "use_graphs",
            "clear_graphs"]
 
 

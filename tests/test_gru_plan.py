@@ -766,6 +766,45 @@ def test_fast_plan_ranks_each_pass_with_its_own_rule(monkeypatch):
     assert (fwd.tile, bwd.tile) == ((4, 8, 1, 256, 1), (4, 4, 1, 256, 2))
 
 
+def test_tile_splits_are_the_runnable_splits(monkeypatch):
+    """tile_splits (what fast_plan ranks and the sweeps time): every split of the dtype's
+    tiles that runs on the device's compute capability, has the pass's instance, fits its
+    shared memory and has a group per direction resident, with its groups at once; in
+    cat.TILES order, then by rows. Checked against the rule restated on stand-in devices:
+    sm_80 (no cluster tiles), a small shared memory, a grid scope holding no group, and a
+    pass with lengths (the tiles without such instances left out)."""
+    from types import SimpleNamespace
+
+    from cugru import _catalog as cat
+    from cugru import _device, _plan
+
+    def at_once(plan, dtype, device_id, qat=False, lengths=False):
+        return 0 if plan.cluster == 0 else 7
+
+    monkeypatch.setattr(_plan, "groups_at_once", at_once)
+    B, H, D = 24, 64, 2
+    counts = []
+    for cc, smem, lengths in ((90, 227 * 1024, False), (80, 163 * 1024, False),
+                              (90, 40 * 1024, False), (90, 227 * 1024, True)):
+        monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
+            cc=cc, smem_optin=smem, sms=132, id=0))
+        got = _plan.tile_splits(B, H, D, np.float32, lengths=lengths)
+        want = []
+        for tile in cat.TILES[4]:
+            if not cat.tile_runs_on(tile, cc) or not cat.tile_has("float", tile, "train",
+                                                                   False, lengths):
+                continue
+            for r in range(1, tile[2] + 1):
+                p = _plan.tile_split(B, H, D, tile, r, 4)
+                if p is not None and max(p.smem_fwd, p.smem_bwd) <= smem and tile[0]:
+                    want.append((p, 7))
+        assert got == want and want
+        assert all(p.cluster <= 1 for p, _ in got) or cc >= 90
+        counts.append(len(got))
+    # (each stand-in leaves out some of what sm_90 with 227 KiB runs)
+    assert all(n < counts[0] for n in counts[1:])
+
+
 def test_grid_scope_waves_count_each_direction_s_slots():
     """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
     them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both

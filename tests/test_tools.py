@@ -4,6 +4,8 @@ candidate handling."""
 import importlib.util
 import os
 
+import numpy as np
+
 
 def _tool(name):
     """tools/`name` loaded as a module (tools/ is no package)."""
@@ -149,16 +151,14 @@ def test_every_phase_of_the_gpu_script_runs_its_commands_and_writes_its_section(
     assert any("bench.paths" in c for c in python) and any("pytest" in c for c in python)
 
 
-def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
-    """tools/inference_sweep.py's candidates: each built tile that runs on the device at every
-    rows count it takes, less the splits over the shared memory limit and those the GPU
-    cannot hold, then the per-step plan, and the small plan only where it holds the shape."""
-    from types import SimpleNamespace
+def test_the_inference_sweep_tries_every_runnable_split_and_the_other_paths():
+    """tools/inference_sweep.py's candidates: the splits plans.tile_splits gives (what
+    fast_plan ranks; its own test is in test_gru_plan.py), then the per-step plan, and the
+    small plan only where it holds the shape."""
     sweep = _tool("inference_sweep.py")
-    tried = []
+    asked = []
 
     class Plans:
-        TILES = {4: (("a", 0, 2), ("b", 0, 3), ("new", 0, 1)), 8: (("c", 0, 9),)}
         STEPS, fits = "steps", False
 
         class SMALL:
@@ -167,31 +167,14 @@ def test_the_inference_sweep_tries_every_resident_split_and_the_other_paths():
                 return Plans.fits
 
         @staticmethod
-        def tile_runs_on(tile, cc):
-            return tile[0] != "new" or cc >= 100
+        def tile_splits(B, H, D, dtype):
+            asked.append((B, H, D, np.dtype(dtype).name))
+            return [("a", 4), ("b", 2)]
 
-        @staticmethod
-        def tile_split(B, H, D, tile, rows, itemsize):
-            tried.append((tile[0], rows, itemsize))
-            if (tile[0], rows) == ("a", 2):
-                return None
-            big = (tile[0], rows) == ("b", 2)
-            return SimpleNamespace(key=(tile[0], rows), smem_fwd=10, smem_bwd=99 if big else 10)
-
-        @staticmethod
-        def groups_at_once(split, dtype, device):
-            return 0 if split.key == ("b", 3) else 4
-
-        @staticmethod
-        def resident(split, D, at_once):
-            return split if at_once else None
-
-    got = sweep.candidates(Plans, 8, 64, 1, 0, 90, 50)
-    assert tried == [("a", 1, 4), ("a", 2, 4), ("b", 1, 4), ("b", 2, 4), ("b", 3, 4)]
-    assert [getattr(p, "key", p) for p in got] == [("a", 1), ("b", 1), "steps"]
+    assert sweep.candidates(Plans, 8, 64, 1) == ["a", "b", "steps"]
     Plans.fits = True
-    got = sweep.candidates(Plans, 8, 64, 1, 0, 100, 50)
-    assert ("new", 1) in [getattr(p, "key", p) for p in got] and got[-1] is Plans.SMALL
+    assert sweep.candidates(Plans, 8, 64, 2) == ["a", "b", "steps", Plans.SMALL]
+    assert asked == [(8, 64, 1, "float32"), (8, 64, 2, "float32")]
 
 
 def test_the_inference_sweep_refuses_an_unknown_shape_id(capsys):

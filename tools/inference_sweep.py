@@ -21,21 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def candidates(plans, B, H, D, device, cc, smem_optin):
-    """[plan]: every resident tile split of the float32 tile kernels built for compute
-    capability `cc` whose shared memory fits `smem_optin` (as fast_plan filters them), the
-    per-step plan, and the small plan where it holds the shape."""
-    out = []
-    for tile in plans.TILES[4]:
-        if not plans.tile_runs_on(tile, cc):
-            continue
-        for rows in range(1, tile[2] + 1):
-            split = plans.tile_split(B, H, D, tile, rows, 4)
-            if split is None or max(split.smem_fwd, split.smem_bwd) > smem_optin:
-                continue
-            split = plans.resident(split, D, plans.groups_at_once(split, "<f4", device))
-            if split is not None:
-                out.append(split)
+def candidates(plans, B, H, D):
+    """[plan]: every split of the float32 tile kernels that can run the shape here
+    (plans.tile_splits: what fast_plan ranks), the per-step plan, and the small plan where
+    it holds the shape."""
+    out = [split for split, _ in plans.tile_splits(B, H, D, np.float32)]
     out.append(plans.STEPS)
     if plans.SMALL.fits(B, H, D):
         out.append(plans.SMALL)
@@ -59,10 +49,8 @@ def main(argv=None):
     import cupy as cp
 
     import cugru
-    from cugru import _device, plans
+    from cugru import plans
     torch = timing.torch_cuda()
-    device = cp.cuda.runtime.getDevice()
-    gpu = _device.device()
     for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
         auto = plans.choose("auto", B, H, D, np.dtype(np.float32), T=T, I=I)
 
@@ -82,7 +70,7 @@ def main(argv=None):
             line += f", cuDNN {ms(cudnn):.3f} ms"
         print(line, flush=True)
         timed = []
-        for plan in candidates(plans, B, H, D, device, gpu.cc, gpu.smem_optin):
+        for plan in candidates(plans, B, H, D):
             timed.append((ms(lambda plan=plan: plans.forward(
                 a["x"], a["h0"], *w, plan, bidirectional=bi, training=False)), plan))
         timed.sort(key=lambda t: t[0])
