@@ -68,6 +68,11 @@ QAT_BACKWARD_LEFT_OUT = {4: ((1, 4, 1, 512, 2),), 8: ()}
 #: the length check (one more value held per step) spilled there; the planner gives such a
 #: call another split
 LENGTHS_LEFT_OUT = {4: ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)), 8: ()}
+#: the tile kernels that also have MMA instances, the product on tensor cores (float32 data
+#: under math="tf32"; gru_tile.cu, GruTileMma<float, ..., true>): float32 tiles of 8 rows
+#: a group (mma.m16n8k8 computes 8 rows at once) whose lanes hold whole blocks of 16 k (packs
+#: a multiple of 4); plain instances only (no quantization-aware, no variable lengths ones)
+MMA_TILES = tuple(t for t in TILES[4] if t[2] == 8 and t[1] % 4 == 0)
 #: the most lanes per unit of the tile kernels at block and cluster scope (GRU_TILE_MAX_LANES)
 #: and at grid scope (GRU_GRID_MAX_LANES)
 TILE_MAX_LANES = 8
@@ -128,10 +133,13 @@ def persist_backward(ctype, rows, qat=False):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_forward(ctype, tile, train, qat=False, lengths=False):
+def tile_forward(ctype, tile, train, qat=False, lengths=False, mma=False):
     """The forward tile kernel of `tile` (a TILES entry); grid scope (cluster 0) has its own.
-    `lengths`: its instance for variable lengths (LEN)."""
+    `lengths`: its instance for variable lengths (LEN); `mma`: its MMA instance (MMA_TILES)."""
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    if mma:
+        scope = f"mma_forward<{ctype}," if cluster else f"grid_mma_forward<{ctype},"
+        return f"gru_tile_{scope}{f'{cluster},' * bool(cluster)}{rest},{_BOOL[bool(train)]}>"
     flags = f"{_BOOL[bool(train)]},{_BOOL[bool(qat)]},{_BOOL[bool(lengths)]}"
     if cluster == 0:
         return f"gru_tile_grid_forward<{ctype},{rest},{flags}>"
@@ -139,12 +147,36 @@ def tile_forward(ctype, tile, train, qat=False, lengths=False):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_backward(ctype, tile, qat=False, lengths=False):
+def tile_backward(ctype, tile, qat=False, lengths=False, mma=False):
     cluster, rest = tile[0], ",".join(map(str, tile[1:]))
+    if mma:
+        scope = f"mma_backward<{ctype}," if cluster else f"grid_mma_backward<{ctype},"
+        return f"gru_tile_{scope}{f'{cluster},' * bool(cluster)}{rest}>"
     flags = f"{_BOOL[bool(qat)]},{_BOOL[bool(lengths)]}"
     if cluster == 0:
         return f"gru_tile_grid_backward<{ctype},{rest},{flags}>"
     return f"gru_tile_backward<{ctype},{cluster},{rest},{flags}>"
+
+
+def mma_warps(units, lanes, per_thread):
+    """The warps of a block that the MMA product of `units` units with `lanes` slices of k
+    takes, each warp 2 x per_thread jobs of 16 units of one slice (gru_tile.cu's split:
+    chunks of 16 units, a warp's chunks the least power of two that covers them, at most its
+    jobs, and its jobs' slices the rest). The MMA kernels run only where it is at most the
+    block's warps."""
+    chunks, jobs = -(-units // 16), 2 * per_thread
+    cw = 1
+    while cw < jobs and cw < chunks:
+        cw *= 2
+    return -(-chunks // cw) * -(-lanes // (jobs // cw))
+
+
+def mma_part_row(lane_sums):
+    """The row stride, in elements, of the MMA kernels' lane sums (gru_tile.cu's
+    gru_mma_part_row) for a block of `lane_sums` = units x lanes: the three gates' sums
+    rounded up to 16, plus 4, so that the 8 rows a warp's mma results go to start 8 banks
+    apart."""
+    return -(-3 * lane_sums // 16) * 16 + 4
 
 
 def qat_group(ctype):
@@ -152,15 +184,21 @@ def qat_group(ctype):
     return f"{ctype}-qat"
 
 
-def tile_group(ctype, qat=False, lengths=False):
+def tile_group(ctype, qat=False, lengths=False, mma=False):
     """The module (group) of the tile instances of `ctype`: plain, quantization-aware, and
-    each of those for variable lengths, four modules, each compiled on its first call."""
+    each of those for variable lengths, four modules, and the MMA instances (float), each
+    compiled on its first call."""
+    if mma:
+        return ctype + "-tf32"
     return ctype + "-qat" * bool(qat) + "-len" * bool(lengths)
 
 
-def tile_has(ctype, tile, kind, qat=False, lengths=False):
+def tile_has(ctype, tile, kind, qat=False, lengths=False, mma=False):
     """Whether the tile kernels of `tile` include the instance of `kind` ("train", "infer"
-    or "backward") for `qat` and `lengths` (see QAT_BACKWARD_LEFT_OUT, LENGTHS_LEFT_OUT)."""
+    or "backward") for `qat` and `lengths` (see QAT_BACKWARD_LEFT_OUT, LENGTHS_LEFT_OUT), or
+    with `mma` its MMA instance (MMA_TILES: plain float32 instances)."""
+    if mma:
+        return ctype == "float" and tile in MMA_TILES and not qat and not lengths
     it = ITEMSIZE[ctype]
     if lengths and tile in LENGTHS_LEFT_OUT[it]:
         return False
@@ -235,6 +273,15 @@ def _tile_instances():
                         names.append(name)
                         tiles[name] = tile
                 groups[tile_group(c, qat, lengths)] = tuple(names)
+        if ITEMSIZE[c] == 4:
+            names = []
+            for tile in MMA_TILES:
+                for name in (tile_forward(c, tile, False, mma=True),
+                             tile_forward(c, tile, True, mma=True),
+                             tile_backward(c, tile, mma=True)):
+                    names.append(name)
+                    tiles[name] = tile
+            groups[tile_group(c, mma=True)] = tuple(names)
     return groups, tiles
 
 

@@ -457,21 +457,60 @@ class TilePlan:
         """the tile kernels' TILES entry"""
         return (self.cluster, self.packs, self.max_rows, self.threads, self.per_thread)
 
-    def kernel(self, ctype, kind, qat=False, lengths=False):
+    def kernel(self, ctype, kind, qat=False, lengths=False, mma=False):
         """The kernel of `kind` ("train": the forward pass keeping the history, "infer": the
         forward pass without, "backward"), allowed its shared memory; `qat`: its
-        quantization-aware instance; `lengths`: its instance for variable lengths."""
-        if not cat.tile_has(ctype, self.tile, kind, qat, lengths):
+        quantization-aware instance; `lengths`: its instance for variable lengths; `mma`: its
+        instance with the product on tensor cores (cat.MMA_TILES)."""
+        if not cat.tile_has(ctype, self.tile, kind, qat, lengths, mma):
             raise ValueError(
                 f"the tile {self.tile} has no {kind} kernel" + " quantization-aware" * qat
-                + " for variable lengths" * lengths + " (cugru._catalog.QAT_BACKWARD_LEFT_OUT,"
-                " LENGTHS_LEFT_OUT): plan the pass with fast_plan(..., qat=, lengths=)")
+                + " for variable lengths" * lengths + " on tensor cores" * mma
+                + " (cugru._catalog.QAT_BACKWARD_LEFT_OUT, LENGTHS_LEFT_OUT, MMA_TILES): plan"
+                " the pass with fast_plan(..., qat=, lengths=)")
         if kind == "backward":
-            name, smem = cat.tile_backward(ctype, self.tile, qat, lengths), self.smem_bwd
+            name = cat.tile_backward(ctype, self.tile, qat, lengths, mma)
         else:
-            name, smem = cat.tile_forward(ctype, self.tile, kind == "train", qat, lengths), \
-                self.smem_fwd
-        return dev.shared(dev.kernel("gru_tile.cu", name), smem)
+            name = cat.tile_forward(ctype, self.tile, kind == "train", qat, lengths, mma)
+        return dev.shared(dev.kernel("gru_tile.cu", name), self.smem(kind == "backward", mma))
+
+    def smem(self, backward, mma=False):
+        """The dynamic shared memory of the forward (or backward) kernel, or of its MMA
+        instance: the same, with the lane sums' rows in the MMA layout (cat.mma_part_row;
+        float32)."""
+        size = self.smem_bwd if backward else self.smem_fwd
+        if mma:
+            sums = self.units * self.lanes
+            size += self.max_rows * (cat.mma_part_row(sums) - 3 * sums) * 4
+        return size
+
+    def mma_holds(self, ctype):
+        """Whether the tile's MMA kernels can run this split: the tile has them (float32,
+        cat.MMA_TILES) and the block has the warps their product takes (cat.mma_warps)."""
+        return (cat.tile_has(ctype, self.tile, "train", mma=True)
+                and cat.mma_warps(self.units, self.lanes, self.per_thread) <= self.threads // 32)
+
+    def runs_mma(self, p):
+        """Whether the pass `p` runs the MMA kernels: math="tf32" on float32 data (half
+        data runs its float32 pass), no quantization, no variable lengths, a split they hold
+        (mma_holds), their shared memory within the device's, and at grid scope as many of
+        their groups resident at once as the plan launches (a cooperative launch; the plan's
+        slots were counted for its FMA kernels)."""
+        if not MMA or p.math != "tf32" or p.qat or p.lengths is not None \
+                or not _mma_holds(self, p.ctype):
+            return False
+        d = dev.device()
+        key = (self, p.ctype, p.D, d.id)
+        runs = _MMA_RUNS.get(key)
+        if runs is None:
+            runs = max(self.smem(False, True), self.smem(True, True)) <= d.smem_optin
+            if runs and not self.cluster:
+                least = min(dev.blocks_per_sm(self.kernel(p.ctype, kind, mma=True), self.threads,
+                                              self.smem(kind == "backward", True))
+                            for kind in ("train", "infer", "backward"))
+                runs = d.sms * least // self.per_group // p.D >= self.slots
+            _MMA_RUNS[key] = runs
+        return runs
 
     def has_qat_backward(self, ctype):
         return cat.tile_has(ctype, self.tile, "backward", qat=True)
@@ -504,15 +543,30 @@ class TilePlan:
                 "R": self.rows, **self.group_args(p.D), **p.qargs}
 
     def forward(self, loop, p):
+        mma = self.runs_mma(p)
         loop.launch(self.kernel(p.ctype, "train" if p.training else "infer", p.qat,
-                                p.lengths is not None),
+                                p.lengths is not None, mma),
                     (self.blocks, p.D), (self.threads,), self.forward_args(p),
-                    shared_mem=self.smem_fwd, cooperative=not self.cluster)
+                    shared_mem=self.smem(False, mma), cooperative=not self.cluster)
 
     def backward(self, loop, p):
-        loop.launch(self.kernel(p.ctype, "backward", p.qat, p.lengths is not None),
+        mma = self.runs_mma(p)
+        loop.launch(self.kernel(p.ctype, "backward", p.qat, p.lengths is not None, mma),
                     (self.blocks, p.D), (self.threads,), self.backward_args(p),
-                    shared_mem=self.smem_bwd, cooperative=not self.cluster)
+                    shared_mem=self.smem(True, mma), cooperative=not self.cluster)
+
+
+#: whether math="tf32" runs the tile kernels' MMA instances where they hold the split
+#: (plans.use_mma; on by default)
+MMA = True
+#: (plan, ctype, directions, device) -> whether its passes under math="tf32" run its MMA
+#: kernels (TilePlan.runs_mma): their shared memory fits, and at grid scope their slots
+_MMA_RUNS: dict = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _mma_holds(plan, ctype):
+    return plan.mma_holds(ctype)
 
 
 def tile_split(B, H, D, tile, rows, itemsize):

@@ -18,8 +18,8 @@ import numpy as np
 from . import _device, _passes
 from ._args import HALF_DTYPES, backward_args, check_math, forward_args
 from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA graphs)
-from ._catalog import (CLUSTERS, PERSIST_ROWS, PERSIST_THREADS, TILE_AHEAD,  # noqa: F401
-                       TILES, tile_has, tile_runs_on)
+from ._catalog import (CLUSTERS, MMA_TILES, PERSIST_ROWS, PERSIST_THREADS,  # noqa: F401
+                       TILE_AHEAD, TILES, mma_warps, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
                     STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose,
@@ -27,7 +27,7 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     small_chain, small_takes, tile_rank, tile_split, tile_splits, waves)
 
 
-__all__ = ["CLUSTERS", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
+__all__ = ["CLUSTERS", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
            "tile_has",
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
@@ -47,6 +47,21 @@ def use_graphs(on: bool) -> bool:
     was = _device.GRAPHS
     _device.GRAPHS = on
     if not on:
+        _device.clear_graphs()
+    return was
+
+
+def use_mma(on: bool) -> bool:
+    """Let math="tf32" run the tile kernels' instances with the product on tensor cores
+    (MMA_TILES; on by default), or keep it to their FMA instances (the products outside the
+    recurrence still on tensor cores), for a benchmark's comparison. Returns the setting
+    before; a change drops the CUDA graphs kept (they name the kernels they launch)."""
+    if not isinstance(on, bool):
+        raise TypeError(f"on must be True or False, got {on!r}")
+    from . import _plan
+    was = _plan.MMA
+    _plan.MMA = on
+    if on != was:
         _device.clear_graphs()
     return was
 

@@ -923,6 +923,121 @@ def test_each_pointwise_step_and_pack_has_one_thread(H, itemsize, tile):
                                         * itemsize for c in range(C)]
 
 
+def _mma_part(tile, H, J, KS, j0, w, vec, fwd):
+    """GruTileMma<float, Q, MR, U, true> of kernels/gru_tile.cu (the product on tensor
+    cores) for one block at column j0, transcribed: each warp's jobs, each lane's A and B
+    fragments as its load() and product() fill them, each mma.m16n8k8 as the matrices those
+    fragments make (A at rows g, g + 8 and columns t, t + 4; B at rows t, t + 4 and column g;
+    D at rows g, g + 8 and columns 2t, 2t + 1, lane 4g + t) and its D fragment stored as
+    product() stores it, into the lane sums' MMA layout (row i of the batch at i*RS, RS =
+    mma_part_row(J*KS); then gate, lane, unit). `w`: one direction's W_hh (3H, H); `vec`:
+    the 8 rows of the vector (forward h, HS long; backward d_gate_h, three segments of HS).
+    Returns the lane sums as sums[i, gate, unit, lane] (NaN where nothing was stored), how
+    many times each was stored, and whether every store instruction's lanes met distinct
+    shared-memory banks."""
+    C, Q, MR, NT, U = tile
+    NJ, NB, L, NC = 2 * U, Q // 4, 4 * Q, -(-J // 16)
+    HS, JK = KS * L, J * KS
+    RS = _catalog.mma_part_row(JK)
+    CW = 1
+    while CW < NJ and CW < NC:
+        CW *= 2
+    SW, NGC = NJ // CW, -(-NC // CW)
+    NGS = -(-KS // SW)
+    assert NGC * NGS == _catalog.mma_warps(J, KS, U) <= NT // 32
+
+    def weight(gg, u, k):
+        if not (u < J and j0 + u < H and k < H):
+            return 0.0
+        return w[gg * H + j0 + u, k] if fwd else w[gg * H + k, j0 + u]
+    flat = np.full(MR * RS, np.nan)
+    stores = np.zeros(MR * RS, int)
+    apart = True
+    for warp in range(NT // 32):
+        for jb in range(NJ):
+            c, ks = (warp % NGC) * CW + jb % CW, (warp // NGC) * SW + jb // CW
+            if not (warp < NGC * NGS and c < NC and ks < KS):
+                continue
+            for gg in range(3):
+                acc = np.zeros((16, 8))
+                for b in range(NB):
+                    for h in range(2):
+                        A, Bm = np.full((16, 8), np.nan), np.full((8, 8), np.nan)
+                        for lane in range(32):
+                            g, t = lane >> 2, lane & 3
+                            u0, k = 16 * c + g, ks * L + 16 * b + 4 * t + 2 * h
+                            A[g, t], A[g + 8, t] = weight(gg, u0, k), weight(gg, u0 + 8, k)
+                            A[g, t + 4] = weight(gg, u0, k + 1)
+                            A[g + 8, t + 4] = weight(gg, u0 + 8, k + 1)
+                            at = (0 if fwd else gg * HS) + ks * L + 4 * t + 16 * b
+                            pack = vec[g, at:at + 4]
+                            Bm[t, g], Bm[t + 4, g] = pack[2 * h], pack[2 * h + 1]
+                        acc += tf32(A) @ tf32(Bm)
+                for e in range(4):      # (one store instruction per D register)
+                    banks = []
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        u, n = 16 * c + g + 8 * (e >> 1), 2 * t + (e & 1)
+                        if u < J:
+                            at = n * RS + gg * JK + ks * J + u
+                            flat[at] = acc[g + 8 * (e >> 1), n]
+                            stores[at] += 1
+                            banks.append(at % 32)
+                    apart &= len(set(banks)) == len(banks)
+    # the places unit_sums reads: row i, gate, lane ks, unit u
+    i, gg, u, ks = np.meshgrid(range(MR), range(3), range(J), range(KS), indexing="ij")
+    at = i * RS + gg * JK + ks * J + u
+    assert (stores[np.setdiff1d(np.arange(MR * RS), at)] == 0).all()    # nothing elsewhere
+    return flat[at], stores[at], apart
+
+
+@pytest.mark.parametrize("tile", _catalog.MMA_TILES, ids=str)
+@pytest.mark.parametrize("fwd", [True, False], ids=["forward", "backward"])
+def test_the_mma_product_computes_each_lane_s_sums(rng, tile, fwd):
+    """The product on tensor cores, transcribed (_mma_part), at the smallest and largest H
+    each MMA tile holds and at H off the 16-unit chunks: every lane sum that the pointwise
+    step adds is stored exactly once per step, with the sum over its slice of k (consecutive
+    k, ks*L up), and the slices add up to the whole product; the lanes of each store meet
+    distinct banks. Integer weights and vector, so every sum is exact and must be equal;
+    every split the planner may give the MMA kernels (TilePlan.mma_holds) has the warps its
+    jobs take."""
+    C, Q, MR, NT, U = tile
+    holds = [H for H in range(1, 300 if C else 2100) if plans.tile_split(1, H, 1, tile, 1, 4)]
+    seen = 0
+    for H in sorted({min(holds), max(holds), *[h for h in (24, 40, 72, 96, 130, 250, 520)
+                                               if h in holds]}):
+        plan = plans.tile_split(1, H, 1, tile, 1, 4)
+        if not plan.mma_holds("float"):
+            assert _catalog.mma_warps(plan.units, plan.lanes, plan.per_thread) > NT // 32
+            continue
+        seen += 1
+        J, KS = plan.units, plan.lanes
+        HS, L = KS * Q * 4, Q * 4
+        # (the MMA kernels' shared memory: the FMA kernels', the lane sums' rows padded)
+        assert plan.smem(fwd is False, True) - plan.smem(fwd is False) == \
+            MR * (_catalog.mma_part_row(J * KS) - 3 * J * KS) * 4
+        w = rng.integers(-4, 5, (3 * H, H)).astype(np.float64)
+        vec = np.zeros((MR, (1 if fwd else 3) * HS))
+        for g in range(1 if fwd else 3):
+            vec[:, g * HS:g * HS + H] = rng.integers(-4, 5, (MR, H))
+        for c in range(plan.per_group):
+            j0 = c * J
+            sums, stores, apart = _mma_part(tile, H, J, KS, j0, w, vec, fwd)
+            assert (stores == 1).all() and apart, (H, c)
+            units = np.arange(J)
+            for gg in range(3):
+                seg = vec[:, (0 if fwd else gg * HS):][:, :HS]
+                mat = np.zeros((J, HS))         # the block's weights of gate gg, zero outside
+                live = units[j0 + units < H]
+                mat[live, :H] = (w[gg * H + j0 + live, :] if fwd
+                                 else w[gg * H:gg * H + H, j0 + live].T)
+                for ks in range(KS):
+                    want = seg[:, ks * L:(ks + 1) * L] @ mat[:, ks * L:(ks + 1) * L].T
+                    np.testing.assert_array_equal(sums[:, gg, :, ks], want)
+                np.testing.assert_array_equal(sums[:, gg].sum(axis=2), seg @ mat.T)
+    assert seen, "no H of this tile runs the MMA kernels"
+
+
 @pytest.mark.parametrize("itemsize", [4, 8])
 @pytest.mark.parametrize("cluster", _catalog.CLUSTERS)
 def test_largest_hidden_size_at_each_cluster_size(cluster, itemsize):

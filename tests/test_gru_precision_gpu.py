@@ -20,6 +20,7 @@ import pytest
 
 import cugru
 from cugru._args import HALF_DTYPES
+from cugru._catalog import MMA_TILES
 from gru_cases import problem, weights
 
 pytestmark = pytest.mark.gpu
@@ -315,3 +316,72 @@ def test_backward_takes_the_forward_pass_s_math_or_its_own(cp, rng):
     assert not all(np.array_equal(cp.asnumpy(a), cp.asnumpy(b)) for a, b in zip(tf32, strict))
     with pytest.raises(ValueError, match="math must be one of"):
         cugru.gru_backward(g["dy"], None, saved, math="TF32")
+
+
+# --------------------------------------------------- the product on tensor cores (MMA tiles)
+def _mma_split(cp, tile, B, H, rows):
+    """The tile's split for both directions where its MMA kernels run (grid scope: with its
+    slots), else None."""
+    import types
+
+    from cugru import plans
+    plan = plans.tile_split(B, H, 2, tile, rows, 4)
+    if plan is None or not plan.mma_holds("float"):
+        return None
+    if not plan.cluster:
+        n = plans.groups_at_once(plan, np.dtype(np.float32).str, cp.cuda.runtime.getDevice())
+        plan = plans.resident(plan, 2, n)
+    tf32 = types.SimpleNamespace(math="tf32", qat=False, lengths=None, ctype="float", D=2)
+    return plan if plan is not None and plan.runs_mma(tf32) else None
+
+
+@pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: "c{}_q{}_r{}_t{}_u{}".format(*t))
+@pytest.mark.parametrize("end", ["low", "top"])
+def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeypatch, tile,
+                                                        end):
+    """Every tile kernel with the product on tensor cores (cugru._catalog.MMA_TILES), at the
+    smallest and the largest H its MMA kernels hold, with one row per group and with the
+    most rows a group takes (B = 9: full groups and a partial one): math="tf32" runs the MMA
+    kernels (their names are the ones launched), within TF32's tolerance of the float64
+    oracle, the same bits on a repeat call, and not the bits of the FMA kernels' strict call
+    on the same plan."""
+    from cugru import _plan, plans
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+    holds = [H for H in range(1, 300 if tile[0] else 1100) if _mma_split(cp, tile, 1, H, 1)]
+    H = min(holds) if end == "low" else max(holds)
+    launched = []
+    kernel = _plan.TilePlan.kernel
+
+    def spy(self, ctype, kind, qat=False, lengths=False, mma=False):
+        launched.append((kind, mma))
+        return kernel(self, ctype, kind, qat, lengths, mma)
+    monkeypatch.setattr(_plan.TilePlan, "kernel", spy)
+    most = max(r for r in range(1, tile[2] + 1) if _mma_split(cp, tile, 9, H, r))
+    for rows in sorted({1, most}):
+        plan = _mma_split(cp, tile, 9, H, rows)
+        monkeypatch.setattr(_plan, "choose", lambda *a, **k: plan)
+        p = problem(rng, 5, 9, 3, H, True)
+        ref64, _ = _call(p, "auto")
+        ref32, _ = _call(_cast(p, np.float32), "auto")
+        g = _gpu(cp, _cast(p, np.float32))
+        launched.clear()
+        ours, _ = _call(g, "fast", math="tf32")
+        # (at grid scope the planner also asks for the infer kernel, for its occupancy)
+        assert all(m for _, m in launched), launched
+        assert {"train", "backward"} <= {k for k, _ in launched}, launched
+        again, _ = _call(g, "fast", math="tf32")
+        strict, _ = _call(g, "fast")
+        differs = False
+        for name, a, a2, s, r32, r64 in zip(OUT_NAMES, ours, again, strict, ref32, ref64):
+            a = cp.asnumpy(a)
+            np.testing.assert_array_equal(a, cp.asnumpy(a2), err_msg=name)
+            bound = _tf32_bound(np.asarray(r32), np.asarray(r64))
+            err = float(np.abs(a.astype(np.float64) - r64).max())
+            assert err <= bound, f"{name} (H = {H}, rows {rows}): error {err:.3g} > {bound:.3g}"
+            assert bound < PLANTED * max(1.0, float(np.abs(r64).max())), name
+            differs |= not np.array_equal(a, cp.asnumpy(s))
+        assert differs, "the MMA kernels gave the FMA kernels' strict bits"
+        launched.clear()
+        _call(g, "fast", math="tf32", training=False)
+        assert ("infer", True) in launched and all(m for _, m in launched), launched

@@ -202,3 +202,33 @@ def test_probe_problems_gives_each_shape_its_arrays_weights_and_repeats(monkeypa
     assert (sid2, dims2, n2) == ("O11", (1000, 8, 32, 96, False, 1), 5)
     assert a["x"].shape == (100, 64, 40) and a["w_hh"].shape == (2, 384, 128)
     assert [x is a[k] for x, k in zip(w, ("w_ih", "w_hh", "b_ih", "b_hh"))] == [True] * 4
+
+
+def test_the_mma_probe_refuses_an_unknown_precision_or_shape_before_any_gpu_work(capsys):
+    """tools/mma_probe.py names what it does not know: an unknown precision (a SystemExit
+    naming the flag and the choices, before it asks for a GPU) and an unknown shape id
+    (argparse's error)."""
+    import pytest
+    probe = _tool("mma_probe.py")
+    with pytest.raises(SystemExit) as e:
+        probe.main(["S1", "--precisions", "tf32,fp8"])
+    assert "--precisions" in str(e.value) and "fp8" in str(e.value) and "float16" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        probe.main(["S1", "Q3"])
+    assert e.value.code == 2 and "Q3" in capsys.readouterr().err
+
+
+def test_the_mma_probe_marks_the_plans_whose_tf32_passes_run_the_mma_kernels(monkeypatch):
+    """mma_probe.mma_label: " +mma" after a tile plan whose split the MMA kernels hold (block
+    scope: no occupancy query; an H100's shared memory, a stand-in device), nothing after
+    one they do not hold or another plan."""
+    from cugru import _plan, plans
+    from cukernels import runtime
+    monkeypatch.setattr(_plan.dev, "device", lambda: runtime.Device(0, 132, 232448, 90))
+    probe = _tool("mma_probe.py")
+    mma = plans.tile_split(64, 64, 1, (1, 8, 8, 256, 1), 2, 4)
+    fma = plans.tile_split(64, 64, 1, (1, 8, 1, 512, 1), 1, 4)
+    assert mma.mma_holds("float") and not fma.mma_holds("float")
+    assert probe.mma_label(plans, mma, 1).endswith(" +mma")
+    assert not probe.mma_label(plans, fma, 1).endswith("+mma")
+    assert probe.mma_label(plans, plans.STEPS, 1) == "steps"

@@ -52,8 +52,8 @@ def variants(src):
                   """                h_new = (gh[0] + gh[1]) * 0.001f + hn * 0.001f + x[0];
                 r = z = n = h_new;""")
     out["... and no cell maths"] = nopw
-    noprod = _patch(nopw, """            if (tl.product)
-                gru_tile_product<true, Q, MR, U>""", """            if (false)
+    noprod = _patch(nopw, """            else if (tl.product)
+                gru_tile_product<true, Q, MR, U>""", """            else if (false)
                 gru_tile_product<true, Q, MR, U>""")
     out["... and no product"] = noprod
     # (cluster scope only; at block scope the kernel is the same as the one before)
@@ -75,8 +75,8 @@ def grid_variants(src):
                                              + (long long)tl.b0 * H, H, H, tl.rows);""",
                     """                asm volatile("cp.async.wait_all;" ::: "memory");""")
     out["... and no copy of the vector"] = nocopy
-    noprod = _patch(nocopy, """            if (tl.product)
-                gru_tile_product<true, Q, MR, U>""", """            if (false)
+    noprod = _patch(nocopy, """            else if (tl.product)
+                gru_tile_product<true, Q, MR, U>""", """            else if (false)
                 gru_tile_product<true, Q, MR, U>""")
     out["... and no product"] = noprod
     out["... and no arrival"] = _patch(

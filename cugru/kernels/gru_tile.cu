@@ -244,6 +244,11 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
     }
 }
 
+// The lane sums' row stride of the MMA kernels (cugru/_catalog.py, mma_part_row): 3*J*KS
+// rounded up to 16, plus 4, so that the 8 rows a warp's mma results go to start 8 banks
+// apart (gru_tile.cu's MMA product below)
+__device__ __forceinline__ int gru_mma_part_row(int JK) { return (3 * JK + 15) / 16 * 16 + 4; }
+
 // The block's roles and its shared memory: [16 B: two mbarriers][vec: NV][MR][segs*HS]
 // [part: MR][3][J*KS][gap: NG][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is 1
 // forward (h) and 3 backward (d_gate_h), ring the values a pointwise step reads ahead (3
@@ -255,9 +260,10 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 // The warps with pointwise steps are the last pw threads of the block where the product
 // leaves them free (cluster scope), so that their outputs and loads ahead overlap the next
 // product; else the first pw threads.
-template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
+template <typename T, int C, int Q, int MR, int NT, int U, bool MMA = false> struct GruTile {
     static constexpr int V = Pack16<T>::N;
     int d, b0, rows, j0, HS, JK;
+    int J, RS;          // MMA: units, and the lane sums' row stride (gru_mma_part_row)
     int G;              // blocks per group (C, or the grid scope's G)
     int wu, ks;         // the product: units wu .. wu + U-1 (of this block) and lane ks
     int wn;             //   how many of them are units of H
@@ -278,6 +284,10 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
         j0 = (C > 0 ? gru_cluster_rank<C>() : (int)blockIdx.x % G) * J;
         HS = KS * Q * V;
         JK = J * KS;
+        if constexpr (MMA) {
+            this->J = J;
+            RS = gru_mma_part_row(JK);
+        }
         const int tid = threadIdx.x;
         wu = tid / KS;
         ks = tid - wu * KS;
@@ -304,7 +314,7 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
         if constexpr (MR == 1) xok = work_pack_slot(H, J, segs, xoff);
         vec = reinterpret_cast<T*>(smem + 16);
         part = vec + (C > 0 ? 2 : 1) * MR * segs * HS;
-        ring = part + MR * 3 * JK + (C > 0 ? 2 * R * segs * J : 0);   // (the gap above)
+        ring = part + MR * (MMA ? RS : 3 * JK) + (C > 0 ? 2 * R * segs * J : 0);   // (the gap)
     }
     // Cluster scope: the pack this lane of a pointwise warp sends, at xoff + g*(segment
     // stride) in an exchange buffer for segment g, and whether it has one. Pack p = lane %
@@ -352,6 +362,16 @@ template <typename T, int C, int Q, int MR, int NT, int U> struct GruTile {
     __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
         static_assert(GRU_TILE_MAX_LANES == 8 && GRU_GRID_MAX_LANES == 64,
                       "unit_sums takes 1 to 8 lanes, or up to 64 at grid scope");
+        if constexpr (MMA) {   // (the MMA layout: row pi at pi*RS, gate g, lane ks, unit pu)
+            const T* p = part + pi * RS + pu;
+#pragma unroll
+            for (int g = 0; g < 3; ++g) {
+                T v = p[g * JK];
+                for (int k = 1; k < KS; ++k) v += p[g * JK + k * J];
+                out[g] = v;
+            }
+            return;
+        }
         const T* p = part + pi * 3 * JK + pu * KS;
         if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK);
         else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK);
@@ -510,8 +530,151 @@ __device__ __forceinline__ void gru_tile_product(T* part,
                                                                 : a[i][u][g];
 }
 
+// ---- The product on tensor cores (MMA: float32 data under math="tf32"; cugru/_catalog.py's
+// MMA_TILES, kernels with MR = 8 rows). The FMA product above computes the same sums, each
+// lane's k in 16-byte packs; here the block's product is cut into jobs, each the sums of 16
+// units of one gate over one lane's slice of k (L = Q*V consecutive k from ks*L), which
+// mma.m16n8k8 computes for all 8 rows of the vector at once: TF32 operands (each rounded to
+// nearest by cvt.rna), float32 accumulation. A job's sums are lane ks's sums of those units,
+// stored in a layout of the lane sums of its own (row i of the batch at i*RS, then gate,
+// lane, unit: a warp's stores meet no bank twice), which GruTile::unit_sums adds in lane
+// order as it adds the FMA lanes'.
+// The fragments of m16n8k8 (lane l = 4*g + t): A (16 units x 8 k) at rows g, g + 8 and
+// columns t, t + 4; B (8 k x 8 rows) at rows t, t + 4 and column g; D (16 x 8) at rows g,
+// g + 8 and columns 2t, 2t + 1. The 8 k of an mma are not consecutive: over 16 k from kb,
+// lane t loads the 16-byte pack at kb + 4t of row g of the vector, whose elements 0 and 1
+// serve the first mma (its columns t and t + 4) and 2 and 3 the second; each lane's weights
+// are loaded in the same order, so the pairs meet and the two mmas together cover the 16 k.
+// Jobs: the block's units in chunks of 16 (NC = ceil(J / 16)), a warp's 2U jobs taking CW
+// chunks (the least power of two >= NC, at most 2U) of SW = 2U / CW consecutive slices;
+// warp w takes chunk group w % NGC and slice group w / NGC. mma_warps() in cugru/_catalog.py
+// counts the warps this takes (NGC * ceil(KS / SW)); the planner runs the MMA kernels only
+// where the block has that many.
+__device__ __forceinline__ unsigned int gru_tf32(float x) {
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void gru_mma_tf32(float (&d)[4], const unsigned int (&a)[4],
+                                             unsigned int b0, unsigned int b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// The MMA product's weights in registers and its product; the primary template, empty, is
+// the FMA kernels' (their weights and product are gru_tile_weights and gru_tile_product).
+template <typename T, int Q, int MR, int U, bool MMA> struct GruTileMma {
+    template <bool FWD, class Tile>
+    __device__ __forceinline__ void load(const T*, int, int, int, const Tile&) {}
+    template <bool ONE, class Tile>
+    __device__ __forceinline__ void product(const Tile&, const T*, int, int, int) const {}
+};
+
+template <int Q, int MR, int U> struct GruTileMma<float, Q, MR, U, true> {
+    static_assert(MR == 8 && Q % 4 == 0, "the MMA product takes 8 rows and 16 k per block");
+    static constexpr int NJ = 2 * U, NB = Q / 4;   // jobs per warp; blocks of 16 k per slice
+    unsigned int a[NJ][3][NB][2][4];
+    int koff[NJ];     // the job's first k (ks*L), + 4t
+    int poff[NJ];     // its place in a row of part: ks*J + 16c + g (+ gate*J*KS)
+    // 4: the job runs (the same for the warp's lanes: mma.sync needs all 32); 1: unit 16c + g
+    // is one of the block's, 2: unit 16c + g + 8 is (this lane's stores)
+    int use[NJ];
+    template <bool FWD, class Tile>
+    __device__ __forceinline__ void load(const float* wd, int H, int J, int KS, const Tile& tl) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        const int NC = (J + 15) / 16;
+        int CW = 1;
+        while (CW < NJ && CW < NC) CW *= 2;
+        const int SW = NJ / CW, NGC = (NC + CW - 1) / CW, NGS = (KS + SW - 1) / SW;
+        const int L = Q * 4, j0 = tl.j0;
+#pragma unroll
+        for (int jb = 0; jb < NJ; ++jb) {
+            const int c = (warp % NGC) * CW + jb % CW, ks = (warp / NGC) * SW + jb / CW;
+            const bool ok = warp < NGC * NGS && c < NC && ks < KS;
+            const int u0 = 16 * c + g;
+            koff[jb] = ks * L + 4 * t;
+            poff[jb] = ks * J + u0;
+            use[jb] = !ok ? 0 : 4 + (u0 < J) + 2 * (u0 + 8 < J);
+#pragma unroll
+            for (int gg = 0; gg < 3; ++gg)
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            // e: 0 (unit u0, k), 1 (u0 + 8, k), 2 (u0, k + 1), 3 (u0 + 8, k + 1)
+                            const int u = u0 + 8 * (e & 1);
+                            const int k = ks * L + 16 * b + 4 * t + 2 * h + (e >> 1);
+                            const long long at = FWD ? ((long long)gg * H + j0 + u) * H + k
+                                                     : ((long long)gg * H + k) * H + j0 + u;
+                            a[jb][gg][b][h][e] =
+                                gru_tf32(ok && u < J && j0 + u < H && k < H ? wd[at] : 0.f);
+                        }
+        }
+    }
+    // ONE: one vector for the three gates (forward), else gate gg's at v + gg*gstride
+    template <bool ONE, class Tile>
+    __device__ __forceinline__ void product(const Tile& tl, const float* v, int ld,
+                                            int gstride, int KS) const {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int JK = tl.JK;
+        float* part = tl.part;
+        __syncwarp();   // (the lanes may leave the wait for the vector apart)
+#pragma unroll
+        for (int jb = 0; jb < NJ; ++jb) {
+            if (!(use[jb] & 4)) continue;
+            float acc[3][4];
+#pragma unroll
+            for (int gg = 0; gg < 3; ++gg)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[gg][e] = 0.f;
+            const float* row = v + g * ld + koff[jb];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                unsigned int x[ONE ? 1 : 3][4];   // (forward: one pack serves the three gates)
+#pragma unroll
+                for (int gg = 0; gg < (ONE ? 1 : 3); ++gg) {
+                    const float4 f = *reinterpret_cast<const float4*>(row + gg * gstride + 16 * b);
+                    x[gg][0] = gru_tf32(f.x);
+                    x[gg][1] = gru_tf32(f.y);
+                    x[gg][2] = gru_tf32(f.z);
+                    x[gg][3] = gru_tf32(f.w);
+                }
+#pragma unroll
+                for (int gg = 0; gg < 3; ++gg) {
+                    const unsigned int(&y)[4] = x[ONE ? 0 : gg];
+                    gru_mma_tf32(acc[gg], a[jb][gg][b][0], y[0], y[1]);
+                    gru_mma_tf32(acc[gg], a[jb][gg][b][1], y[2], y[3]);
+                }
+            }
+            // D: rows (units) g and g + 8, columns (batch rows) 2t and 2t + 1, into the MMA
+            // layout of the lane sums: row i at i*RS (RS = 4 mod 16: the rows 2t of a
+            // warp's lanes start 8 banks apart, their units g follow), gate, lane, unit
+            float* p = part + 2 * t * tl.RS + poff[jb];
+#pragma unroll
+            for (int gg = 0; gg < 3; ++gg) {
+                if (use[jb] & 1) {
+                    p[gg * JK] = acc[gg][0];
+                    p[tl.RS + gg * JK] = acc[gg][1];
+                }
+                if (use[jb] & 2) {
+                    p[gg * JK + 8] = acc[gg][2];
+                    p[tl.RS + gg * JK + 8] = acc[gg][3];
+                }
+            }
+        }
+    }
+};
+
 // The tile kernels' bodies; the kernels themselves follow (grid scope has no cluster shape).
-template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT, bool LEN>
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN, bool QAT, bool LEN,
+          bool MMA = false>
 __device__ __forceinline__ void
 gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                      const T* __restrict__ b_ih, const T* __restrict__ b_hh, T* hs,
@@ -520,12 +683,17 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
                      int KS, int R, unsigned int* counters, int G, int groups,
                      const GruQuant<T> q) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 1, G);
+    GruTile<T, C, Q, MR, NT, U, MMA> tl(gru_smem, B, H, J, KS, R, 1, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
     T w[U][3][Q][Pack16<T>::N];
-    gru_tile_weights<T, Q, U, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
+    GruTileMma<T, Q, MR, U, MMA> mma;   // (MMA: the product on tensor cores, w unused)
+    if constexpr (MMA)
+        mma.template load<true>(w_hh + d * H3 * H, H, J, KS, tl);
+    else
+        gru_tile_weights<T, Q, U, true>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks,
+                                        KS);
     // the biases of the block's units wait in shared memory, after the ring (registers are
     // short with NT = 512)
     T* bias = tl.ring + GRU_TILE_AHEAD * R * 3 * J + tl.pu;   // [b_ih | b_hh][3][J]
@@ -586,7 +754,9 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
             } else if (s > 0) {
                 gru_exchange_wait<C>(bars, s & 1, s, xbytes);
             }
-            if (tl.product)
+            if constexpr (MMA)
+                mma.template product<true>(tl, tl.row(s & 1, 0, 1), HS, 0, KS);
+            else if (tl.product)
                 gru_tile_product<true, Q, MR, U>(tl.part, w, tl.row(s & 1, 0, 1), HS, 0, tl.ks,
                                                  KS, tl.wu * KS + tl.ks, tl.JK);
             gru_copy_wait();
@@ -634,7 +804,7 @@ gru_tile_forward_run(const T* __restrict__ gi, const T* __restrict__ w_hh,
     tl.each_group(B, H, J, R, groups, run);
 }
 
-template <typename T, int C, int Q, int MR, int NT, int U, bool QAT, bool LEN>
+template <typename T, int C, int Q, int MR, int NT, int U, bool QAT, bool LEN, bool MMA = false>
 __device__ __forceinline__ void
 gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                       const T* __restrict__ hs, const T* __restrict__ w_hh,
@@ -643,12 +813,17 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                       const int* __restrict__ lengths, int steps, int B, int H, int J, int KS,
                       int R, unsigned int* counters, int G, int groups, const GruQuant<T> q) {
     extern __shared__ __align__(16) unsigned char gru_smem[];
-    GruTile<T, C, Q, MR, NT, U> tl(gru_smem, B, H, J, KS, R, 3, G);
+    GruTile<T, C, Q, MR, NT, U, MMA> tl(gru_smem, B, H, J, KS, R, 3, G);
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(gru_smem);
     const int D = gridDim.y, d = tl.d, HS = tl.HS, HP = (H + tl.V - 1) / tl.V * tl.V;
     const long long H3 = 3LL * H, BH = (long long)B * H;
     T w[U][3][Q][Pack16<T>::N];
-    gru_tile_weights<T, Q, U, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks, KS);
+    GruTileMma<T, Q, MR, U, MMA> mma;
+    if constexpr (MMA)
+        mma.template load<false>(w_hh + d * H3 * H, H, J, KS, tl);
+    else
+        gru_tile_weights<T, Q, U, false>(w, w_hh + d * H3 * H, H, tl.j0 + tl.wu, tl.wn, tl.ks,
+                                         KS);
     unsigned int* counter =
         C == 0 ? counters + d * (gridDim.x / tl.G) + blockIdx.x / tl.G : nullptr;
     unsigned int target = 0;
@@ -703,7 +878,9 @@ gru_tile_backward_run(const T* __restrict__ dy, const T* __restrict__ gates,
                 gru_exchange_wait<C>(bars, (s + 1) & 1, steps - 1 - s,
                                      gru_exchange_bytes<T>(tl.rows, 3, J, tl.j0, HP));
             }
-            if (tl.product)
+            if constexpr (MMA)
+                mma.template product<false>(tl, tl.row((s + 1) & 1, 0, 3), 3 * HS, HS, KS);
+            else if (tl.product)
                 gru_tile_product<false, Q, MR, U>(tl.part, w, tl.row((s + 1) & 1, 0, 3), 3 * HS,
                                                   HS, tl.ks, KS, tl.wu * KS + tl.ks, tl.JK);
             gru_copy_wait();
@@ -799,4 +976,23 @@ __global__ void __launch_bounds__(NT, 1) gru_tile_grid_forward(GRU_TILE_FORWARD_
 template <typename T, int Q, int MR, int NT, int U, bool QAT, bool LEN>
 __global__ void __launch_bounds__(NT, 1) gru_tile_grid_backward(GRU_TILE_BACKWARD_PARAMS) {
     gru_tile_backward_run<T, 0, Q, MR, NT, U, QAT, LEN>(GRU_TILE_BACKWARD_ARGS);
+}
+// The MMA kernels (float32 data under math="tf32"; plain instances only: no QAT, no LEN).
+template <typename T, int C, int Q, int MR, int NT, int U, bool TRAIN>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_mma_forward(GRU_TILE_FORWARD_PARAMS) {
+    gru_tile_forward_run<T, C, Q, MR, NT, U, TRAIN, false, false, true>(GRU_TILE_FORWARD_ARGS);
+}
+template <typename T, int C, int Q, int MR, int NT, int U>
+__global__ void __launch_bounds__(NT, 1) GRU_CLUSTER_DIMS(C)
+gru_tile_mma_backward(GRU_TILE_BACKWARD_PARAMS) {
+    gru_tile_backward_run<T, C, Q, MR, NT, U, false, false, true>(GRU_TILE_BACKWARD_ARGS);
+}
+template <typename T, int Q, int MR, int NT, int U, bool TRAIN>
+__global__ void __launch_bounds__(NT, 1) gru_tile_grid_mma_forward(GRU_TILE_FORWARD_PARAMS) {
+    gru_tile_forward_run<T, 0, Q, MR, NT, U, TRAIN, false, false, true>(GRU_TILE_FORWARD_ARGS);
+}
+template <typename T, int Q, int MR, int NT, int U>
+__global__ void __launch_bounds__(NT, 1) gru_tile_grid_mma_backward(GRU_TILE_BACKWARD_PARAMS) {
+    gru_tile_backward_run<T, 0, Q, MR, NT, U, false, false, true>(GRU_TILE_BACKWARD_ARGS);
 }
