@@ -1,8 +1,8 @@
-"""Accuracy in half precision: cugru against torch.nn.GRU in the same dtype, both measured
-against float64 on the same rounded inputs.
+"""Accuracy in half precision and TF32: cugru against torch.nn.GRU in the same precision,
+both measured against float64 on the same rounded inputs.
 
-    python -m bench.precision [--device cpu|cuda] [--shapes S1,S2] [--dtypes float16,bfloat16]
-                              [--json FILE]
+    python -m bench.precision [--device cpu|cuda] [--shapes S1,S2]
+                              [--dtypes float16,bfloat16,tf32] [--json FILE]
 
 For each shape and dtype the inputs (x, h0, the weights, dy and dh_n) are drawn in float64
 and rounded to the dtype; both implementations take those values, and torch.nn.GRU in
@@ -14,6 +14,8 @@ ours at most 1.5x torch's in the same dtype, on every result.
 On the CPU cugru runs its numpy path (computing in float32 from the rounded inputs, each
 result rounded once) and torch its CPU kernels in that dtype; on CUDA torch runs cuDNN and
 cugru its GPU kernels, where they take the dtype (a row says where they do not yet).
+"tf32" (CUDA only) is float32 data with TF32 products: ours with math="tf32" (cuBLAS'
+products and the tile kernels' recurrent product on tensor cores), cuDNN with TF32 allowed.
 """
 from __future__ import annotations
 
@@ -48,9 +50,19 @@ def problem(shape, dtype, seed=0):
     return {k: (v.astype(dtype) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
 
 
-def run_torch(p, torch_dtype, device):
-    """torch.nn.GRU on p's values in `torch_dtype`: the eight results as float64 numpy, the
-    weight gradients in cugru's layout (D, 3H, ...)."""
+def run_torch(p, torch_dtype, device, tf32=False):
+    """torch.nn.GRU on p's values in `torch_dtype` (`tf32`: cuDNN with TF32 allowed): the
+    eight results as float64 numpy, the weight gradients in cugru's layout (D, 3H, ...)."""
+    import torch
+    was = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        return _run_torch(p, torch_dtype, device)
+    finally:
+        torch.backends.cudnn.allow_tf32 = was
+
+
+def _run_torch(p, torch_dtype, device):
     import torch
     T, B, I = p["x"].shape
     D, G, H = p["w_hh"].shape
@@ -79,12 +91,14 @@ def run_torch(p, torch_dtype, device):
             stacked("weight_hh"), stacked("bias_ih"), stacked("bias_hh"))
 
 
-def run_ours(p, xp):
-    """cugru on p's values (numpy or cupy, in their dtype): the eight results as float64."""
+def run_ours(p, xp, math=None):
+    """cugru on p's values (numpy or cupy, in their dtype; `math`: its math=, where given):
+    the eight results as float64."""
     import cugru
     v = {k: (xp.asarray(a) if isinstance(a, np.ndarray) else a) for k, a in p.items()}
+    kw = {} if math is None else {"math": math}
     y, h_n, saved = cugru.gru_forward(v["x"], v["h0"], v["w_ih"], v["w_hh"], v["b_ih"],
-                                      v["b_hh"], bidirectional=p["bi"])
+                                      v["b_hh"], bidirectional=p["bi"], **kw)
     grads = cugru.gru_backward(v["dy"], v["dh_n"], saved)
     host = (lambda a: a) if xp is np else (lambda a: xp.asnumpy(a))
     return tuple(np.asarray(host(a), np.float64) for a in (y, h_n) + tuple(grads))
@@ -105,12 +119,12 @@ def run(ids, dtypes, device):
     rows = []
     for sid in ids:
         for name in dtypes:
-            dt = np_dtype(name)
-            p = problem(SHAPES[sid], dt)
+            tf32 = name == "tf32"
+            p = problem(SHAPES[sid], np.float32 if tf32 else np_dtype(name))
             ref = run_torch(p, torch.float64, device)
-            theirs = run_torch(p, getattr(torch, name), device)
+            theirs = run_torch(p, torch.float32 if tf32 else getattr(torch, name), device, tf32)
             try:
-                ours, why = run_ours(p, xp), None
+                ours, why = run_ours(p, xp, "tf32" if tf32 else None), None
             except TypeError as e:      # (a dtype the GPU kernels do not take yet)
                 if xp is np or "on the GPU cugru takes" not in str(e):
                     raise
@@ -165,12 +179,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--shapes", type=id_list(SHAPES), default=list(DEFAULT_SHAPES),
                     help="comma-separated ids of S1-S10")
-    ap.add_argument("--dtypes", default="float16,bfloat16", help="float16 and/or bfloat16")
+    ap.add_argument("--dtypes", default="float16,bfloat16",
+                    help="float16, bfloat16 and/or tf32 (float32 data, TF32 products; CUDA)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
     dtypes = [d for d in args.dtypes.split(",") if d]
-    if not dtypes or any(d not in ("float16", "bfloat16") for d in dtypes):
-        ap.error(f"--dtypes must name float16 and/or bfloat16, got {args.dtypes!r}")
+    if not dtypes or any(d not in ("float16", "bfloat16", "tf32") for d in dtypes):
+        ap.error(f"--dtypes must name float16, bfloat16 and/or tf32, got {args.dtypes!r}")
+    if "tf32" in dtypes and args.device != "cuda":
+        ap.error("--dtypes tf32 needs --device cuda (the CPU computes TF32 products in float32)")
     if "bfloat16" in dtypes:
         try:
             import ml_dtypes  # noqa: F401

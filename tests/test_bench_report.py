@@ -216,6 +216,21 @@ def test_the_precision_benchmark_measures_both_and_says_where_ours_did_not_run(t
     assert "ours: not built" in text and "Not run: S6" in text and "within the goal" not in text
 
 
+def test_the_precision_benchmark_takes_tf32_on_cuda_alone(capsys):
+    """bench.precision --dtypes tf32 (float32 data, TF32 products) is refused on the CPU,
+    whose numpy path and torch kernels compute those products in float32, with an error
+    naming the flag; an unknown precision is refused naming the three it takes."""
+    pytest.importorskip("torch")
+    from bench import precision
+    with pytest.raises(SystemExit) as e:
+        precision.main(["--dtypes", "tf32"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--dtypes tf32 needs --device cuda" in err
+    with pytest.raises(SystemExit) as e:
+        precision.main(["--dtypes", "float8"])
+    assert "float16, bfloat16 and/or tf32" in capsys.readouterr().err
+
+
 def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():
     """bench.paths: a row per shape and dtype with each path's plans and times, "-" where
     path='fast' has no split, and each shape and pass where auto is more than SLACK over

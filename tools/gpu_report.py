@@ -360,11 +360,12 @@ def main(argv=None) -> int:
         # every path of ours per shape: does path="auto" take the fastest?
         lines += json_bench(py, out, "paths", "gru-log.txt", 400,
                             "Every path of ours per shape, and path='auto'")
-        # half-precision accuracy against torch.nn.GRU (cuDNN) in the same dtype
+        # accuracy against torch.nn.GRU (cuDNN) in the same precision: half data and TF32
         # (every shape of S1-S10: the goal is per shape; the CPU's default takes four)
         lines += json_bench(py, out, "precision", "gru-log.txt", 300,
-                            "Accuracy in float16 and bfloat16",
-                            ("--device", "cuda", "--shapes", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10"))
+                            "Accuracy in float16, bfloat16 and TF32",
+                            ("--device", "cuda", "--shapes", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10",
+                             "--dtypes", "float16,bfloat16,tf32"))
         # speed in TF32, float16 and bfloat16 against cuDNN in the same precision
         lines += json_bench(py, out, "dtypes", "gru-log.txt", 500,
                             "Speed in TF32, float16 and bfloat16",
