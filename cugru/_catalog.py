@@ -73,6 +73,11 @@ LENGTHS_LEFT_OUT = {4: ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)), 8: ()}
 #: a group (mma.m16n8k8 computes 8 rows at once) whose lanes hold whole blocks of 16 k (packs
 #: a multiple of 4); plain instances only (no quantization-aware, no variable lengths ones)
 MMA_TILES = tuple(t for t in TILES[4] if t[2] == 8 and t[1] % 4 == 0)
+#: the MMA kernels' lane sums: each batch row's stride rounded up to MMA_ROW_ALIGN elements,
+#: plus MMA_ROW_PAD (4 mod 16: the rows 2t of a warp's lanes start 8 banks apart, so a
+#: store of one mma result register meets 32 banks; GRU_MMA_ROW_ALIGN, GRU_MMA_ROW_PAD)
+MMA_ROW_ALIGN = 16
+MMA_ROW_PAD = 4
 #: the most lanes per unit of the tile kernels at block and cluster scope (GRU_TILE_MAX_LANES)
 #: and at grid scope (GRU_GRID_MAX_LANES)
 TILE_MAX_LANES = 8
@@ -86,7 +91,8 @@ TILE_MAX_THREADS = max(t[3] for tiles in TILES.values() for t in tiles)
 DEFINES = {
     "gru_steps.cu": (),
     "gru_persist.cu": ("PERSIST_THREADS",),
-    "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES"),
+    "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES", "MMA_ROW_ALIGN",
+                    "MMA_ROW_PAD"),
     "gru_tail.cu": (),
     "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
@@ -174,9 +180,9 @@ def mma_warps(units, lanes, per_thread):
 def mma_part_row(lane_sums):
     """The row stride, in elements, of the MMA kernels' lane sums (gru_tile.cu's
     gru_mma_part_row) for a block of `lane_sums` = units x lanes: the three gates' sums
-    rounded up to 16, plus 4, so that the 8 rows a warp's mma results go to start 8 banks
-    apart."""
-    return -(-3 * lane_sums // 16) * 16 + 4
+    rounded up to MMA_ROW_ALIGN, plus MMA_ROW_PAD, so that the 8 rows a warp's mma results
+    go to start 8 banks apart."""
+    return -(-3 * lane_sums // MMA_ROW_ALIGN) * MMA_ROW_ALIGN + MMA_ROW_PAD
 
 
 def qat_group(ctype):

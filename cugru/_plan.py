@@ -467,7 +467,8 @@ class TilePlan:
                 f"the tile {self.tile} has no {kind} kernel" + " quantization-aware" * qat
                 + " for variable lengths" * lengths + " on tensor cores" * mma
                 + " (cugru._catalog.QAT_BACKWARD_LEFT_OUT, LENGTHS_LEFT_OUT, MMA_TILES): plan"
-                " the pass with fast_plan(..., qat=, lengths=)")
+                " the pass with fast_plan(..., qat=, lengths=)"
+                + ", and ask TilePlan.runs_mma whether a pass runs the MMA kernels" * mma)
         if kind == "backward":
             name = cat.tile_backward(ctype, self.tile, qat, lengths, mma)
         else:
@@ -505,8 +506,8 @@ class TilePlan:
         if runs is None:
             runs = max(self.smem(False, True), self.smem(True, True)) <= d.smem_optin
             if runs and not self.cluster:
-                least = min(dev.blocks_per_sm(self.kernel(p.ctype, kind, mma=True), self.threads,
-                                              self.smem(kind == "backward", True))
+                least = min(dev.blocks_per_sm(self.kernel(p.ctype, kind, mma=True),
+                                              self.threads, self.smem(kind == "backward", True))
                             for kind in ("train", "infer", "backward"))
                 runs = d.sms * least // self.per_group // p.D >= self.slots
             _MMA_RUNS[key] = runs

@@ -27,8 +27,8 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     small_chain, small_takes, tile_rank, tile_split, tile_splits, waves)
 
 
-__all__ = ["CLUSTERS", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS", "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on",
-           "tile_has",
+__all__ = ["CLUSTERS", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
+           "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan",
@@ -55,7 +55,8 @@ def use_mma(on: bool) -> bool:
     """Let math="tf32" run the tile kernels' instances with the product on tensor cores
     (MMA_TILES; on by default), or keep it to their FMA instances (the products outside the
     recurrence still on tensor cores), for a benchmark's comparison. Returns the setting
-    before; a change drops the CUDA graphs kept (they name the kernels they launch)."""
+    before; a change drops the CUDA graphs kept (they name the kernels they launch), so set
+    it between calls, not while another thread runs one."""
     if not isinstance(on, bool):
         raise TypeError(f"on must be True or False, got {on!r}")
     from . import _plan

@@ -219,8 +219,8 @@ def test_the_precision_benchmark_measures_both_and_says_where_ours_did_not_run(t
 def test_the_precision_benchmark_takes_tf32_on_cuda_alone(capsys):
     """bench.precision --dtypes tf32 (float32 data, TF32 products) is refused on the CPU,
     whose numpy path and torch kernels compute those products in float32, with an error
-    naming the flag; an unknown precision is refused naming the three it takes."""
-    pytest.importorskip("torch")
+    naming the flag; an unknown precision is refused naming the three it takes (both before
+    torch is asked for)."""
     from bench import precision
     with pytest.raises(SystemExit) as e:
         precision.main(["--dtypes", "tf32"])

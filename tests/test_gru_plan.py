@@ -955,32 +955,51 @@ def _mma_part(tile, H, J, KS, j0, w, vec, fwd):
     apart = True
     for warp in range(NT // 32):
         for jb in range(NJ):
+            # load(): the job, its offsets, its use bits, each lane's weight registers
             c, ks = (warp % NGC) * CW + jb % CW, (warp // NGC) * SW + jb // CW
-            if not (warp < NGC * NGS and c < NC and ks < KS):
+            ok = warp < NGC * NGS and c < NC and ks < KS
+            if not ok:                  # (use = 0 for every lane: the warp skips the job)
                 continue
+            lanes = []
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                u0 = 16 * c + g
+                a = np.zeros((3, NB, 2, 4))
+                for gg in range(3):
+                    for b in range(NB):
+                        for h in range(2):
+                            for e in range(4):
+                                a[gg, b, h, e] = weight(gg, u0 + 8 * (e & 1),
+                                                        ks * L + 16 * b + 4 * t + 2 * h
+                                                        + (e >> 1))
+                lanes.append(dict(g=g, t=t, a=a, koff=ks * L + 4 * t, poff=ks * J + u0,
+                                  use=4 + (u0 < J) + 2 * (u0 + 8 < J)))
+            # product(): per gate the accumulators of each lane, the mmas on its registers
             for gg in range(3):
-                acc = np.zeros((16, 8))
+                acc = np.zeros((16, 8))         # D as the mma's matrix
                 for b in range(NB):
                     for h in range(2):
                         A, Bm = np.full((16, 8), np.nan), np.full((8, 8), np.nan)
-                        for lane in range(32):
-                            g, t = lane >> 2, lane & 3
-                            u0, k = 16 * c + g, ks * L + 16 * b + 4 * t + 2 * h
-                            A[g, t], A[g + 8, t] = weight(gg, u0, k), weight(gg, u0 + 8, k)
-                            A[g, t + 4] = weight(gg, u0, k + 1)
-                            A[g + 8, t + 4] = weight(gg, u0 + 8, k + 1)
-                            at = (0 if fwd else gg * HS) + ks * L + 4 * t + 16 * b
-                            pack = vec[g, at:at + 4]
-                            Bm[t, g], Bm[t + 4, g] = pack[2 * h], pack[2 * h + 1]
+                        for ln in lanes:
+                            g, t = ln["g"], ln["t"]
+                            at = g * (HS if fwd else 3 * HS) + ln["koff"] \
+                                + (0 if fwd else gg * HS) + 16 * b
+                            y = vec.reshape(-1)[at:at + 4]          # the float4, x[gg][0..3]
+                            r = ln["a"][gg, b, h]                   # a[jb][gg][b][h][0..3]
+                            # (the PTX fragments: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
+                            # a3 (g + 8, t + 4); b0 (t, g), b1 (t + 4, g))
+                            A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4] = r
+                            Bm[t, g], Bm[t + 4, g] = y[2 * h], y[2 * h + 1]
                         acc += tf32(A) @ tf32(Bm)
-                for e in range(4):      # (one store instruction per D register)
+                # the stores of acc[0..3] (D: c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t),
+                # c3 (g + 8, 2t + 1)) at p = part + 2t*RS + poff, as product() writes them
+                for e, (off, bit) in enumerate(((0, 1), (RS, 1), (8, 2), (RS + 8, 2))):
                     banks = []
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        u, n = 16 * c + g + 8 * (e >> 1), 2 * t + (e & 1)
-                        if u < J:
-                            at = n * RS + gg * JK + ks * J + u
-                            flat[at] = acc[g + 8 * (e >> 1), n]
+                    for ln in lanes:
+                        g, t = ln["g"], ln["t"]
+                        if ln["use"] & bit:
+                            at = 2 * t * RS + ln["poff"] + gg * JK + off
+                            flat[at] = acc[g + 8 * (e >> 1), 2 * t + (e & 1)]
                             stores[at] += 1
                             banks.append(at % 32)
                     apart &= len(set(banks)) == len(banks)
@@ -998,9 +1017,9 @@ def test_the_mma_product_computes_each_lane_s_sums(rng, tile, fwd):
     each MMA tile holds and at H off the 16-unit chunks: every lane sum that the pointwise
     step adds is stored exactly once per step, with the sum over its slice of k (consecutive
     k, ks*L up), and the slices add up to the whole product; the lanes of each store meet
-    distinct banks. Integer weights and vector, so every sum is exact and must be equal;
-    every split the planner may give the MMA kernels (TilePlan.mma_holds) has the warps its
-    jobs take."""
+    distinct banks. Integer weights and vector, so every sum is exact and must be equal.
+    The splits the MMA kernels do not hold (TilePlan.mma_holds: more warps than the block
+    has) are left out; each tile has one they hold."""
     C, Q, MR, NT, U = tile
     holds = [H for H in range(1, 300 if C else 2100) if plans.tile_split(1, H, 1, tile, 1, 4)]
     seen = 0
@@ -1008,14 +1027,10 @@ def test_the_mma_product_computes_each_lane_s_sums(rng, tile, fwd):
                                                if h in holds]}):
         plan = plans.tile_split(1, H, 1, tile, 1, 4)
         if not plan.mma_holds("float"):
-            assert _catalog.mma_warps(plan.units, plan.lanes, plan.per_thread) > NT // 32
             continue
         seen += 1
         J, KS = plan.units, plan.lanes
         HS, L = KS * Q * 4, Q * 4
-        # (the MMA kernels' shared memory: the FMA kernels', the lane sums' rows padded)
-        assert plan.smem(fwd is False, True) - plan.smem(fwd is False) == \
-            MR * (_catalog.mma_part_row(J * KS) - 3 * J * KS) * 4
         w = rng.integers(-4, 5, (3 * H, H)).astype(np.float64)
         vec = np.zeros((MR, (1 if fwd else 3) * HS))
         for g in range(1 if fwd else 3):
@@ -1036,6 +1051,58 @@ def test_the_mma_product_computes_each_lane_s_sums(rng, tile, fwd):
                     np.testing.assert_array_equal(sums[:, gg, :, ks], want)
                 np.testing.assert_array_equal(sums[:, gg].sum(axis=2), seg @ mat.T)
     assert seen, "no H of this tile runs the MMA kernels"
+
+
+def test_a_pass_runs_the_mma_kernels_only_where_they_hold_it(monkeypatch):
+    """TilePlan.runs_mma on a stand-in H100: a float32 pass under math="tf32" on an 8-row
+    tile the MMA kernels hold runs them; not with math="strict", quantization, lengths,
+    float64, a one-row tile, plans.use_mma(False), shared memory that holds the FMA kernels
+    but not the MMA ones' padded lane sums, or at grid scope where the MMA kernels' blocks
+    do not hold the plan's slots."""
+    import types
+
+    from cugru import _plan
+    from cukernels import runtime
+    smem = {"optin": 232448}
+    monkeypatch.setattr(_plan.dev, "device", lambda: runtime.Device(0, 132, smem["optin"], 90))
+    monkeypatch.setattr(_plan, "_MMA_RUNS", {})
+    p = types.SimpleNamespace(math="tf32", qat=False, lengths=None, ctype="float", D=1)
+    plan = plans.tile_split(64, 64, 1, (1, 8, 8, 256, 1), 2, 4)
+    assert plan.runs_mma(p)
+    for change in ({"math": "strict"}, {"qat": True}, {"lengths": np.ones(64, np.int32)},
+                   {"ctype": "double"}):
+        assert not plan.runs_mma(types.SimpleNamespace(**{**vars(p), **change})), change
+    assert not plans.tile_split(64, 64, 1, (1, 8, 1, 512, 1), 1, 4).runs_mma(p)
+    was = plans.use_mma(False)
+    try:
+        assert not plan.runs_mma(p)
+    finally:
+        plans.use_mma(was)
+    smem["optin"] = plan.smem(True, True) - 4          # (the FMA kernels' fits)
+    assert max(plan.smem_fwd, plan.smem_bwd) <= smem["optin"]
+    monkeypatch.setattr(_plan, "_MMA_RUNS", {})
+    assert not plan.runs_mma(p)
+    # grid scope: as many groups resident as its slots, per the MMA kernels' occupancy
+    smem["optin"] = 232448
+    grid = plans.tile_split(8, 512, 1, (0, 4, 8, 256, 2), 8, 4)
+    assert grid.mma_holds("float") and grid.group_blocks == 32
+    monkeypatch.setattr(_plan.TilePlan, "kernel", lambda self, *a, **k: None)
+    for per_sm, slots, runs in ((1, 4, True), (1, 5, False), (2, 8, True)):
+        monkeypatch.setattr(_plan, "_MMA_RUNS", {})
+        monkeypatch.setattr(_plan.dev, "blocks_per_sm", lambda k, t, s, n=per_sm: n)
+        assert dataclasses.replace(grid, slots=slots).runs_mma(p) == runs, (per_sm, slots)
+
+
+def test_use_mma_takes_a_bool_and_drops_the_graphs_when_it_changes(monkeypatch):
+    from cugru import _plan
+    cleared = []
+    monkeypatch.setattr(_device, "clear_graphs", lambda: cleared.append(1))
+    monkeypatch.setattr(_plan, "MMA", True)
+    with pytest.raises(TypeError, match="on must be True or False"):
+        plans.use_mma(1)
+    assert plans.use_mma(True) is True and not cleared
+    assert plans.use_mma(False) is True and cleared == [1] and _plan.MMA is False
+    assert plans.use_mma(True) is False and cleared == [1, 1]
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])

@@ -245,9 +245,12 @@ __device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
 }
 
 // The lane sums' row stride of the MMA kernels (cugru/_catalog.py, mma_part_row): 3*J*KS
-// rounded up to 16, plus 4, so that the 8 rows a warp's mma results go to start 8 banks
-// apart (gru_tile.cu's MMA product below)
-__device__ __forceinline__ int gru_mma_part_row(int JK) { return (3 * JK + 15) / 16 * 16 + 4; }
+// rounded up to GRU_MMA_ROW_ALIGN (16), plus GRU_MMA_ROW_PAD (4), so that the 8 rows a
+// warp's mma results go to start 8 banks apart (the MMA product below)
+__device__ __forceinline__ int gru_mma_part_row(int JK) {
+    return (3 * JK + GRU_MMA_ROW_ALIGN - 1) / GRU_MMA_ROW_ALIGN * GRU_MMA_ROW_ALIGN
+           + GRU_MMA_ROW_PAD;
+}
 
 // The block's roles and its shared memory: [16 B: two mbarriers][vec: NV][MR][segs*HS]
 // [part: MR][3][J*KS][gap: NG][R][segs][J][ring: GRU_TILE_AHEAD][R][ring][J], where segs is 1
