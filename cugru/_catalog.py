@@ -5,7 +5,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_steps.cu    the per-step pointwise kernels              (StepsPlan)
     gru_persist.cu  W_hh in shared memory, a cooperative grid    (PersistPlan)
     gru_tile.cu     W_hh in registers: block, cluster, grid      (TilePlan)
-    gru_tail.cu     the backward tail's chunk sums               (every backward pass)
+    gru_tail.cu     the backward tail's sums: chunks, biases      (every backward pass)
     gru_quant.cu    the fake quantizers of weights, x and h0     (quantization-aware calls)
     gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
     gru_cast.cu     float16 and bfloat16 data to float32 and back (cugru/_half.py)
@@ -87,13 +87,18 @@ TILE_AHEAD = 8
 #: the most threads a tile kernel's block has (GRU_TILE_MAX_THREADS)
 TILE_MAX_THREADS = max(t[3] for tiles in TILES.values() for t in tiles)
 
+#: the bias sums of few rows (gru_bias_sums): a block takes BIAS_COLS columns of the gate
+#: gradients, and BIAS_LANES threads share each column's rows (GRU_BIAS_COLS, GRU_BIAS_LANES)
+BIAS_COLS = 32
+BIAS_LANES = 8
+
 #: the defines of each family: constant name -> value, rendered as GRU_<name>
 DEFINES = {
     "gru_steps.cu": (),
     "gru_persist.cu": ("PERSIST_THREADS",),
     "gru_tile.cu": ("TILE_AHEAD", "TILE_MAX_LANES", "GRID_MAX_LANES", "MMA_ROW_ALIGN",
                     "MMA_ROW_PAD"),
-    "gru_tail.cu": (),
+    "gru_tail.cu": ("BIAS_COLS", "BIAS_LANES"),
     "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
     "gru_cast.cu": ("CAST_ARRAYS",),
@@ -216,6 +221,10 @@ def sum_chunks(ctype):
     return f"gru_sum_chunks<{ctype}>"
 
 
+def bias_sums(ctype):
+    return f"gru_bias_sums<{ctype}>"
+
+
 @functools.lru_cache(maxsize=None)
 def quant_operands(ctype):
     return f"gru_quant_operands<{ctype}>"
@@ -310,7 +319,7 @@ INSTANCES = {
         for n in (persist_forward(c, r, False, q), persist_forward(c, r, True, q),
                   persist_backward(c, r, q)))),
     "gru_tile.cu": lambda: _tile_instances()[0],
-    "gru_tail.cu": lambda: {c: (sum_chunks(c),) for c in CTYPES},
+    "gru_tail.cu": lambda: {c: (sum_chunks(c), bias_sums(c)) for c in CTYPES},
     "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),

@@ -526,6 +526,13 @@ class Loop:
             self._math_was = mode.value
         direct.check(direct.set_stream(self.handle, self.stream), "setStream")
 
+    def _set_math(self, mode):
+        """Set cuBLAS' handle's math mode (bound to the pass: _bind_handle)."""
+        if self._direct is None:
+            self._cublas.setMathMode(self.handle, mode)
+        else:
+            self._direct.check(self._direct.set_math(self.handle, mode), "setMathMode")
+
     def bind(self):
         """Bind the pass's products to its library (done by the first product where not
         before)."""
@@ -604,15 +611,18 @@ class Loop:
             # stream: this pass's later GEMMs must run on its own)
             self._direct.check(self._direct.set_stream(self.handle, self.stream), "setStream")
 
-    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
+             math=None):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
-        addresses (ints), strides in elements."""
+        addresses (ints), strides in elements. `math`: this product's own (cugru._args.MATHS)
+        where it differs from the pass's (None: the pass's)."""
         if not self._bound:
             self._bind()
+        math = self.math if math is None else math
         lt = self._lt
         if lt is not None and k <= LT_MAX_K and m * n * k * batch <= LT_MAX_MACS:
             bits = A | B | C | _cublaslt.MAX_ALIGNMENT
-            product = lt.get(self.dtype.itemsize, self.math, transa, transb, m, n, k, lda, sA,
+            product = lt.get(self.dtype.itemsize, math, transa, transb, m, n, k, lda, sA,
                              ldb, sB, ldc, sC, batch, bits & -bits)
             if product is not None:
                 desc, a, b, c, algo = product.call
@@ -626,10 +636,17 @@ class Loop:
         if self._mode is None:
             self._bind_handle()
         cb = self._cublas
-        status = self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
-                            cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
-                            self._scalars[1.0], A, lda, sA, B, ldb, sB,
-                            self._scalars[float(beta)], C, ldc, sC, batch)
+        own = math_mode(self._math_mode, math) if math != self.math else self._math_mode
+        if own != self._math_mode:
+            self._set_math(own)
+        try:
+            status = self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+                                cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
+                                self._scalars[1.0], A, lda, sA, B, ldb, sB,
+                                self._scalars[float(beta)], C, ldc, sC, batch)
+        finally:
+            if own != self._math_mode:
+                self._set_math(self._math_mode)
         if self._direct is not None and status != 0:
             raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}"
                                f"gemmStridedBatched failed with status {status} (m={m}, "

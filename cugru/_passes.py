@@ -6,7 +6,8 @@ forward   one GEMM projects every step's input, x (T*B, I) by W_ih of both direc
           gi; then the plan's recurrence writes hs, y, the history and h_n
 backward  the plan's recurrence writes d_gate_i by time (dgi), d_gate_h by step (dgh) and
           dh0; then dx is one GEMM over all T*B rows with both directions summed in K, and
-          dW_ih, dW_hh, db_ih, db_hh are GEMMs over all rows in chunks (``weight_grads``).
+          dW_ih, dW_hh are GEMMs over all rows in chunks, db_ih, db_hh one kernel's sums
+          in double over few rows, else GEMMs in those chunks too (``weight_grads``).
           No atomics: the same bits every run.
 (The patent behind cugru names the backward steps S1 to S4: the gate gradients of a step,
 the weight gradients, the bias gradients and the input gradient. Here they are called by
@@ -33,6 +34,15 @@ MIN_CHUNK_ROWS = 256
 #: (docs/performance.md): batched, the tail took 12-25% less time.
 WGRAD_PARTIAL_BYTES = 32 << 20
 WGRAD_PARTIAL_DGI = 1
+#: under math="tf32", a weight gradient (dW_ih, or one direction's dW_hh, over all T*B rows)
+#: of at most this many multiply-adds is summed in float32: tensor cores save a few µs at
+#: most there, and TF32's rounding of each term (1 in 2^11) is what a sum over few rows keeps
+#: (S6's dW_hh: 3.3x cuDNN's error in TF32, float32's error in float32)
+WGRAD_STRICT_MACS = 1 << 27
+#: a pass of at most this many T*B rows sums its bias gradients in one launch of
+#: gru_bias_sums, in double, each result rounded once; more rows take GEMMs with a vector of
+#: ones, in the weight gradients' chunks
+BIAS_KERNEL_ROWS = 2048
 
 
 class ForwardPass:
@@ -246,6 +256,12 @@ def tail(p, loop=None):
     return (dx,) + weight_grads(loop, p)
 
 
+def wgrad_math(math, macs):
+    """The math of a weight gradient of `macs` multiply-adds in a pass of `math`:
+    "strict" under "tf32" where it takes at most WGRAD_STRICT_MACS, else the pass's."""
+    return "strict" if math == "tf32" and macs <= WGRAD_STRICT_MACS else math
+
+
 def row_chunks(rows):
     """(first row, row count) of each chunk of the weight-gradient sums."""
     per = max(MIN_CHUNK_ROWS, -(-rows // WGRAD_CHUNKS))
@@ -260,8 +276,10 @@ def weight_grads(loop, p):
     chunk sums added in chunk order. When all chunks' results fit in WGRAD_PARTIAL_BYTES (or
     WGRAD_PARTIAL_DGI times dgi's bytes), each piece is one GEMM batched over the chunks (two
     when the last chunk is shorter) and gru_sum_chunks adds them up: few host calls. Beyond,
-    each chunk's GEMMs add into the result (beta = 1), with no extra memory. The bias sums
-    are GEMMs with a vector of ones.
+    each chunk's GEMMs add into the result (beta = 1), with no extra memory. Under
+    math="tf32" a weight gradient of at most WGRAD_STRICT_MACS multiply-adds is summed in
+    float32. The bias sums take gru_bias_sums (at most BIAS_KERNEL_ROWS rows), else GEMMs
+    with a vector of ones in float32 (tensor cores gain nothing on a sum of rows).
     """
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     dt, G, TB = p.dtype, 3 * H, T * B
@@ -273,8 +291,11 @@ def weight_grads(loop, p):
     o_bhh = o_bih + D * G
     grads = p.grads
     chunks = row_chunks(TB)
-    ones_vec = dev.ones(chunks[0][1], dt)      # (kept alive while its address is used)
-    ones = ones_vec.data.ptr
+    few = TB <= BIAS_KERNEL_ROWS                # (the bias sums in gru_bias_sums)
+    if not few:
+        ones_vec = dev.ones(chunks[0][1], dt)   # (kept alive while its address is used)
+        ones = ones_vec.data.ptr
+    math_ih, math_hh = (wgrad_math(p.math, macs) for macs in (I * D * G * TB, H * G * TB))
     batched = len(chunks) * total * it <= max(WGRAD_PARTIAL_BYTES,
                                               WGRAD_PARTIAL_DGI * TB * D * G * it)
     if batched:
@@ -292,22 +313,32 @@ def weight_grads(loop, p):
             (0.0 if k0 == 0 else 1.0, grads.data.ptr)
         # dW_ih' (I, D*3H) = x' (I, n) @ dgi[rows] (n, D*3H): both directions at once
         loop.gemm(False, True, I, D * G, n, x + r0 * I * it, I, n * I,
-                  dgi + r0 * D * G * it, D * G, n * D * G, beta, out, I, total, count)
-        # db_ih (D*3H) = dgi[rows]' @ ones
-        loop.gemm(False, False, D * G, 1, n, dgi + r0 * D * G * it, D * G, n * D * G,
-                  ones, n, 0, beta, out + o_bih * it, D * G, total, count)
+                  dgi + r0 * D * G * it, D * G, n * D * G, beta, out, I, total, count,
+                  math=math_ih)
+        if not few:
+            # db_ih (D*3H) = dgi[rows]' @ ones
+            loop.gemm(False, False, D * G, 1, n, dgi + r0 * D * G * it, D * G, n * D * G,
+                      ones, n, 0, beta, out + o_bih * it, D * G, total, count, math="strict")
         for d in range(D):
             # dW_hh[d]' (H, 3H) = hs[d, rows]' (H, n) @ dgh[d, rows] (n, 3H)
             loop.gemm(False, True, H, G, n, hs + (d * (T + 1) * B + r0) * H * it, H,
                       n * H, dgh + (d * TB + r0) * G * it, G, n * G, beta,
-                      out + (o_hh + d * G * H) * it, H, total, count)
-            # db_hh[d] (3H) = dgh[d, rows]' @ ones
-            loop.gemm(False, False, G, 1, n, dgh + (d * TB + r0) * G * it, G, n * G,
-                      ones, n, 0, beta, out + (o_bhh + d * G) * it, G, total, count)
+                      out + (o_hh + d * G * H) * it, H, total, count, math=math_hh)
+            if not few:
+                # db_hh[d] (3H) = dgh[d, rows]' @ ones
+                loop.gemm(False, False, G, 1, n, dgh + (d * TB + r0) * G * it, G, n * G,
+                          ones, n, 0, beta, out + (o_bhh + d * G) * it, G, total, count,
+                          math="strict")
     if batched and len(chunks) > 1:
+        n = o_bih if few else total       # (the bias sums come from gru_bias_sums)
         loop.launch(dev.kernel("gru_tail.cu", cat.sum_chunks(p.ctype)),
-                    (min(-(-total // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
-                    {"part": part, "out": grads, "n": total, "ld": total,
+                    (min(-(-n // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
+                    {"part": part, "out": grads, "n": n, "ld": total,
                      "chunks": len(chunks)})
+    if few:
+        loop.launch(dev.kernel("gru_tail.cu", cat.bias_sums(p.ctype)),
+                    (-(-2 * D * G // cat.BIAS_COLS),), (cat.BIAS_COLS, cat.BIAS_LANES),
+                    {"dgi": p.dgi, "dgh": p.dgh, "db": grads[o_bih:], "rows": TB,
+                     "DG": D * G, "G": G})
     return (grads[:n_ih].reshape(D, G, I), grads[o_hh:o_bih].reshape(D, G, H),
             grads[o_bih:o_bhh].reshape(D, G), grads[o_bhh:].reshape(D, G))

@@ -193,21 +193,34 @@ def test_off_table_report_shows_every_shape_and_each_one_below_its_floor():
 
 def test_the_precision_benchmark_measures_both_and_says_where_ours_did_not_run(tmp_path):
     """bench.precision on the CPU (numpy path against torch's CPU kernels in the dtype, both
-    against torch in float64): finite, nonzero errors of the size of the dtype's rounding;
-    its verdict names a result above the goal, and a dtype ours does not take is a row
+    against torch in float64): finite, nonzero errors of the size of the dtype's rounding,
+    each the largest of the draws, each draw's worst ratio in the table; its verdict names a result above the goal, and a dtype ours does not take is a row
     that says so, not a pass."""
     pytest.importorskip("torch")
     pytest.importorskip("ml_dtypes")
     from bench import precision
-    rows = precision.run(["S6"], ["float16", "bfloat16"], "cpu")
+    rows = precision.run(["S6"], ["float16", "bfloat16"], "cpu", draws=2)
     assert [(r["dtype"], r["result"]) for r in rows] == [
         (d, n) for d in ("float16", "bfloat16") for n in precision.NAMES]
     for r in rows:
         eps = 2.0 ** -10 if r["dtype"] == "float16" else 2.0 ** -7
         assert 0 < r["ours"] < 4 * eps and 0 < r["torch"] < 64 * eps, r
+        # (each error the largest of the two draws, which differ)
+        assert len(r["ours_draws"]) == len(r["torch_draws"]) == 2, r
+        assert r["ours"] == max(r["ours_draws"]) and r["torch"] == max(r["torch_draws"]), r
+        assert r["ours_draws"][0] != r["ours_draws"][1], r
     data = {"device": "CPU", "rows": rows}
     text = "\n".join(precision.markdown(data))
     assert "| S6 | float16 |" in text and "| S6 | bfloat16 |" in text
+    assert "the largest of 2 draws" in text
+    one = [dict(r, ours_draws=r["ours_draws"][:1], torch_draws=r["torch_draws"][:1])
+           for r in rows if r["dtype"] == "float16"]
+    ratio = {r["result"]: r["ours_draws"][1] / r["torch_draws"][1] for r in rows
+             if r["dtype"] == "float16"}
+    worst = max(ratio, key=ratio.get)
+    assert f"{ratio[worst]:.2f} ({worst}) |" in text.split("| S6 | float16 |")[1].split("\n")[0]
+    assert "the largest of 1 draw of" in "\n".join(precision.markdown({"device": "CPU",
+                                                                        "rows": one}))
     planted = [dict(r, ours=r["torch"] * 2) if r["result"] == "dw_hh" else r for r in rows]
     assert "Above the goal: S6 bfloat16 dw_hh 2.00x, S6 float16 dw_hh 2.00x." in \
         "\n".join(precision.markdown({"device": "CPU", "rows": planted}))
@@ -229,6 +242,9 @@ def test_the_precision_benchmark_takes_tf32_on_cuda_alone(capsys):
     with pytest.raises(SystemExit) as e:
         precision.main(["--dtypes", "float8"])
     assert "float16, bfloat16 and/or tf32" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        precision.main(["--draws", "0"])
+    assert e.value.code == 2 and "--draws must be at least 1" in capsys.readouterr().err
 
 
 def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():

@@ -55,6 +55,7 @@ class HostLoop:
     products round their inputs to TF32 first. `made` lists the math of each loop made."""
     made: list = []
     keys: list = []     # (the keys of Loop.replay's calls)
+    products: list = []     # ((m, n, k, batch, math) of each product)
 
     def __init__(self, dtype, plain=False, math="strict"):
         self.dtype = np.dtype(dtype)
@@ -67,13 +68,15 @@ class HostLoop:
     def __exit__(self, *exc):
         return False
 
-    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
+             math=None):
         it = self.dtype.itemsize
+        HostLoop.products.append((m, n, k, batch, self.math if math is None else math))
         for i in range(batch):
             a = _matrix(A + i * sA * it, *((k, m) if transa else (m, k)), lda, self.dtype)
             b = _matrix(B + i * sB * it, *((n, k) if transb else (k, n)), ldb, self.dtype)
             c = _matrix(C + i * sC * it, m, n, ldc, self.dtype)
-            if self.math == "tf32":
+            if (self.math if math is None else math) == "tf32":
                 a, b = tf32(a), tf32(b)
             product = (a.T if transa else a) @ (b.T if transb else b)
             c[...] = product + beta * c if beta else product
@@ -125,14 +128,16 @@ class KeyedLoop(HostLoop):
         assert any(a <= address and address + nbytes <= a + n for a, n in self.buffers), \
             (address, nbytes, self.buffers)
 
-    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1):
+    def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
+             math=None):
         it = self.dtype.itemsize
         for address, ld, cols, rows, stride in ((A, lda, *((m, k) if transa else (k, m)), sA),
                                                 (B, ldb, *((k, n) if transb else (n, k)), sB),
                                                 (C, ldc, n, m, sC)):
             # (column-major: `cols` columns of `rows` elements, ld apart; per batch item)
             self._named(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * it)
-        super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch)
+        super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
+                     math)
 
     def _arrays_named(self, values):
         for value in values:
@@ -530,6 +535,23 @@ def sum_chunks(grid, block, shared_mem, cooperative, part, out, n, ld, chunks):
     out[:n] = acc
 
 
+def bias_sums(grid, block, shared_mem, cooperative, dgi, dgh, db, rows, DG, G):
+    """gru_bias_sums<T>: each column of d_gate_i, then of d_gate_h, summed over the rows in
+    the kernel's order (each lane's rows in turn, then the lanes in order) in float64."""
+    assert block == (_catalog.BIAS_COLS, _catalog.BIAS_LANES)
+    assert grid[0] * block[0] >= 2 * DG > (grid[0] - 1) * block[0]
+    cols = np.concatenate([dgi.reshape(-1)[:rows * DG].reshape(rows, DG)]
+                          + [dgh.reshape(-1)[d * rows * G:(d + 1) * rows * G].reshape(rows, G)
+                             for d in range(DG // G)], axis=1).astype(np.float64)
+    lanes = [np.zeros(2 * DG) for _ in range(block[1])]
+    for r in range(rows):
+        lanes[r % block[1]] += cols[r]
+    acc = lanes[0]
+    for lane in lanes[1:]:
+        acc = acc + lane
+    db.reshape(-1)[:2 * DG] = acc
+
+
 @pytest.fixture
 def host_device(monkeypatch):
     """cugru._device replaced by numpy stand-ins (the seam between the plans and the GPU)."""
@@ -542,6 +564,7 @@ def host_device(monkeypatch):
             ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False),
             ("gru_steps.cu", _catalog.step_backward("double")): backward_step,
             ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks,
+            ("gru_tail.cu", _catalog.bias_sums("double")): bias_sums,
             ("gru_small.cu", _catalog.small_forward("double", True)): small_forward(True),
             ("gru_small.cu", _catalog.small_forward("double", False)): small_forward(False),
             ("gru_small.cu", _catalog.small_backward("double")): small_backward}
@@ -1492,6 +1515,40 @@ def test_math_reaches_every_product_of_a_pass(host_device, rng, plan):
         scale = max(1.0, np.abs(r).max())
         err = np.abs(np.asarray(g) - r).max()
         assert 1e-9 * scale < err < 64 * 2.0 ** -11 * scale
+
+
+@pytest.mark.parametrize("strict_macs,bias_rows", [(0, 0), (50_000, 24)],
+                         ids=["gemms", "few-rows"])
+def test_tf32_tail_sums_few_rows_and_biases_in_float32(host_device, monkeypatch, rng,
+                                                      strict_macs, bias_rows):
+    """Under math="tf32" the tail's products take the pass's math, but a weight gradient of
+    at most _passes.WGRAD_STRICT_MACS multiply-adds is summed in float32, and so is every
+    bias sum: GEMMs with a vector of ones beyond _passes.BIAS_KERNEL_ROWS rows, else
+    gru_bias_sums (no GEMM). The results stay within TF32's reach of the oracle."""
+    T, B, I, H, D = 6, 4, 40, 24, 2
+    G, TB = 3 * H, T * B
+    monkeypatch.setattr(_passes, "WGRAD_STRICT_MACS", strict_macs)
+    monkeypatch.setattr(_passes, "BIAS_KERNEL_ROWS", bias_rows)
+    p = problem(rng, T, B, I, H, True)
+    ref_y, _, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    dev = host_device
+    _, _, saved_dev = _passes.forward(plans_args(dev, p), plans.STEPS, "tf32")
+    HostLoop.products.clear()
+    got = _passes.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS, "tf32")
+    kinds = {}
+    for m, n, k, batch, math in HostLoop.products:
+        kind = {(I, TB): "dx", (I, D * G): "dw_ih", (H, G): "dw_hh", (D * G, 1): "db_ih",
+                (G, 1): "db_hh", (H, B): "step"}[m, n]
+        kinds.setdefault(kind, set()).add(math)
+    few = TB <= bias_rows
+    assert kinds == {"dx": {"tf32"}, "step": {"tf32"}, "dw_ih": {"tf32"},
+                     "dw_hh": {"strict" if H * G * TB <= strict_macs else "tf32"},
+                     **({} if few else {"db_ih": {"strict"}, "db_hh": {"strict"}})}
+    assert few == (strict_macs > 0)
+    for name, g, r in zip(("dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh"), got, ref):
+        scale = max(1.0, np.abs(r).max())
+        assert np.abs(np.asarray(g) - r).max() < 64 * 2.0 ** -11 * scale, name
 
 
 def plans_args(dev, p):

@@ -389,3 +389,73 @@ def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeyp
         launched.clear()
         _call(g, "fast", math="tf32", training=False)
         assert ("infer", True) in launched and all(m for _, m in launched), launched
+
+
+# ------------------------------------------------------ the tail's sums of few rows (S6's)
+def test_tf32_sums_the_weight_gradients_of_few_rows_in_float32(cp, rng, monkeypatch):
+    """Under math="tf32", a weight gradient of at most _passes.WGRAD_STRICT_MACS
+    multiply-adds (S6's shape: T = 100, B = 1, H = 256) is summed in float32: a backward
+    pass under "tf32" on a history gives the bits of one under "strict" on it in every
+    weight and bias gradient (the FMA recurrence is the same in both: dh0's bits too), and
+    with the bound at 0 its dW_hh moves off them by about TF32's rounding."""
+    from cugru import _passes, plans
+    g = _gpu(cp, _cast(problem(rng, 100, 1, 40, 256, False), np.float32))
+    was = plans.use_mma(False)
+    try:
+        y, h_n, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), path="fast",
+                                          math="tf32")
+        tf32 = [cp.asnumpy(a) for a in cugru.gru_backward(g["dy"], g["dh_n"], saved,
+                                                          path="fast", math="tf32")]
+        strict = [cp.asnumpy(a) for a in cugru.gru_backward(g["dy"], g["dh_n"], saved,
+                                                            path="fast", math="strict")]
+        monkeypatch.setattr(_passes, "WGRAD_STRICT_MACS", 0)
+        all_tf32 = [cp.asnumpy(a) for a in cugru.gru_backward(g["dy"], g["dh_n"], saved,
+                                                              path="fast", math="tf32")]
+    finally:
+        plans.use_mma(was)
+    names = ("dx", "dh0", "dw_ih", "dw_hh", "db_ih", "db_hh")
+    for name, a, s in zip(names, tf32, strict):
+        if name != "dx":
+            np.testing.assert_array_equal(a, s, err_msg=name)
+    dw_hh, ref = all_tf32[3].astype(np.float64), strict[3].astype(np.float64)
+    moved = float(np.abs(dw_hh - ref).max()) / float(np.abs(ref).max())
+    assert 2.0 ** -16 < moved < 16 * TF32_U, moved
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("D,rows,H", [(1, 1, 1), (1, 100, 256), (2, 333, 13), (2, 2048, 40)])
+def test_bias_sums_round_the_exact_sum_once(cp, rng, dtype, D, rows, H):
+    """gru_bias_sums (the bias gradients of a pass of at most _passes.BIAS_KERNEL_ROWS rows):
+    every column of d_gate_i (rows, D*3H) and of d_gate_h (D, rows, 3H), summed in double,
+    is the float64 sum rounded once to the dtype (within one unit of the last place, and
+    equal in nearly all), the same bits on a repeat launch, nothing written past db."""
+    from cugru import _catalog, _device
+    G = 3 * H
+    dgi = rng.standard_normal((rows, D * G)).astype(dtype)
+    dgh = rng.standard_normal((D, rows, G)).astype(dtype)
+    # (the exact sums: each float64 term of float32 data is exact, fsum rounds once)
+    import math
+    ref = np.array([math.fsum(c) for c in dgi.astype(np.float64).T]
+                   + [math.fsum(c) for d in range(D) for c in dgh[d].astype(np.float64).T])
+    kern = _device.kernel("gru_tail.cu", _catalog.bias_sums(_catalog.CTYPE[dgi.itemsize]))
+    outs = []
+    for _ in range(2):
+        db = cp.full(2 * D * G + 5, 7.0, dtype)
+        kern.launch((-(-2 * D * G // _catalog.BIAS_COLS),),
+                    (_catalog.BIAS_COLS, _catalog.BIAS_LANES),
+                    {"dgi": cp.asarray(dgi), "dgh": cp.asarray(dgh), "db": db, "rows": rows,
+                     "DG": D * G, "G": G})
+        outs.append(cp.asnumpy(db))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    got = outs[0]
+    assert (got[2 * D * G:] == 7.0).all(), "wrote past db"
+    got = got[:2 * D * G].astype(np.float64)
+    ulp = np.spacing(np.abs(ref).astype(dtype)).astype(np.float64)
+    if dtype == np.float32:
+        # (the double sum's own error, at most rows * 2^-53 of the terms' magnitudes, is
+        # far below a float32 unit: the result is the exact sum rounded, to within a unit)
+        assert (np.abs(got - ref) <= ulp).all()
+        assert np.mean(got == ref.astype(np.float32)) >= 0.99
+    else:
+        mags = np.concatenate([np.abs(dgi).sum(0), np.abs(dgh).sum(1).reshape(-1)])
+        assert (np.abs(got - ref) <= ulp + rows * 2.0 ** -53 * mags).all()

@@ -1,6 +1,7 @@
 // gru_tail.cu: the backward pass's tail after the recurrence, shared by every path. The
-// weight and bias gradients are GEMMs over all T*B rows in chunks (cugru/_passes.py); this
-// kernel adds the chunks' partial sums in chunk order (no atomics: the same bits every run).
+// weight and bias gradients are GEMMs over all T*B rows in chunks (cugru/_passes.py):
+// gru_sum_chunks adds the chunks' partial sums in chunk order; a pass of few rows sums its
+// bias gradients in gru_bias_sums instead. No atomics: the same bits every run.
 #include "gru_common.cuh"
 
 // out[k] = part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n (part rows ld apart):
@@ -13,5 +14,39 @@ __global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, 
         T a = part[k];
         for (int c = 1; c < chunks; ++c) a += part[c * ld + k];
         out[k] = a;
+    }
+}
+
+// The bias gradients of a pass of few rows, summed in double (float data too), each result
+// rounded once: db[c] for c < 2*D*G is the sum over the rows r < rows of column c of
+// d_gate_i (c < DG = D*G: dgi[r*DG + c]) or of d_gate_h (c = DG + d*G + g: dgh[(d*rows + r)*G
+// + g]), db_ih then db_hh. A block takes GRU_BIAS_COLS columns, a warp's lanes on adjacent
+// addresses; the GRU_BIAS_LANES threads of a column take every GRU_BIAS_LANES-th row, and
+// their sums are added in lane order (no atomics: the same bits every run).
+template <typename T>
+__global__ void __launch_bounds__(GRU_BIAS_COLS * GRU_BIAS_LANES)
+gru_bias_sums(const T* __restrict__ dgi, const T* __restrict__ dgh, T* __restrict__ db,
+              int rows, int DG, int G) {
+    __shared__ double lane_sums[GRU_BIAS_LANES][GRU_BIAS_COLS];
+    const int c = blockIdx.x * GRU_BIAS_COLS + threadIdx.x;
+    double a = 0.0;
+    if (c < 2 * DG) {
+        const T* col;
+        long long ld;
+        if (c < DG) {
+            col = dgi + c;
+            ld = DG;
+        } else {
+            const int d = (c - DG) / G;
+            col = dgh + (long long)d * rows * G + (c - DG - d * G);
+            ld = G;
+        }
+        for (int r = threadIdx.y; r < rows; r += GRU_BIAS_LANES) a += (double)col[r * ld];
+    }
+    lane_sums[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < 2 * DG) {
+        for (int l = 1; l < GRU_BIAS_LANES; ++l) a += lane_sums[l][threadIdx.x];
+        db[c] = (T)a;
     }
 }
