@@ -233,3 +233,16 @@ def test_the_mma_probe_marks_the_plans_whose_tf32_passes_run_the_mma_kernels(mon
     assert probe.mma_label(plans, mma, 1).endswith(" +mma")
     assert not probe.mma_label(plans, fma, 1).endswith("+mma")
     assert probe.mma_label(plans, plans.STEPS, 1) == "steps"
+
+
+def test_the_precision_paths_tool_refuses_a_bad_shape_or_draw_count_before_gpu_work(capsys):
+    """tools/precision_paths.py names an unknown shape id and a draw count below 1 (argparse
+    errors, exit 2), before it asks torch for a GPU."""
+    import pytest
+    tool = _tool("precision_paths.py")
+    with pytest.raises(SystemExit) as e:
+        tool.main(["S6,Q3"])
+    assert e.value.code == 2 and "Q3" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        tool.main(["S6", "--draws", "0"])
+    assert e.value.code == 2 and "--draws must be at least 1" in capsys.readouterr().err
