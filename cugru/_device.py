@@ -636,7 +636,11 @@ class Loop:
         if self._mode is None:
             self._bind_handle()
         cb = self._cublas
-        own = math_mode(self._math_mode, math) if math != self.math else self._math_mode
+        own = self._math_mode
+        if math != self.math:
+            # (from the handle's mode before the pass: what a pass of this math would set)
+            own = math_mode(self._math_mode if self._math_was is None else self._math_was,
+                            math)
         if own != self._math_mode:
             self._set_math(own)
         try:
@@ -644,9 +648,15 @@ class Loop:
                                 cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
                                 self._scalars[1.0], A, lda, sA, B, ldb, sB,
                                 self._scalars[float(beta)], C, ldc, sC, batch)
-        finally:
+        except BaseException:
             if own != self._math_mode:
-                self._set_math(self._math_mode)
+                try:
+                    self._set_math(self._math_mode)
+                except Exception:  # noqa: BLE001 (the product's error goes first)
+                    pass
+            raise
+        if own != self._math_mode:
+            self._set_math(self._math_mode)
         if self._direct is not None and status != 0:
             raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}"
                                f"gemmStridedBatched failed with status {status} (m={m}, "

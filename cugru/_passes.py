@@ -35,13 +35,13 @@ MIN_CHUNK_ROWS = 256
 WGRAD_PARTIAL_BYTES = 32 << 20
 WGRAD_PARTIAL_DGI = 1
 #: under math="tf32", a weight gradient (dW_ih, or one direction's dW_hh, over all T*B rows)
-#: of at most this many multiply-adds is summed in float32: tensor cores save a few µs at
-#: most there, and TF32's rounding of each term (1 in 2^11) is what a sum over few rows keeps
-#: (S6's dW_hh: 3.3x cuDNN's error in TF32, float32's error in float32)
+#: of at most this many multiply-adds is summed in float32: such a product takes
+#: microseconds either way (S6's, 2e7 multiply-adds: about 2 µs), and TF32's rounding of each
+#: term (1 in 2^11) is the error its sum keeps (S6's dW_hh: 3.3x cuDNN's error in TF32)
 WGRAD_STRICT_MACS = 1 << 27
 #: a pass of at most this many T*B rows sums its bias gradients in one launch of
-#: gru_bias_sums, in double, each result rounded once; more rows take GEMMs with a vector of
-#: ones, in the weight gradients' chunks
+#: gru_bias_sums, in double (for float32 data: within a float32 unit of the exact sum); more
+#: rows take float32 GEMMs with a vector of ones, in the weight gradients' chunks
 BIAS_KERNEL_ROWS = 2048
 
 
@@ -291,8 +291,8 @@ def weight_grads(loop, p):
     o_bhh = o_bih + D * G
     grads = p.grads
     chunks = row_chunks(TB)
-    few = TB <= BIAS_KERNEL_ROWS                # (the bias sums in gru_bias_sums)
-    if not few:
+    bias_in_kernel = TB <= BIAS_KERNEL_ROWS     # (else GEMMs with a vector of ones)
+    if not bias_in_kernel:
         ones_vec = dev.ones(chunks[0][1], dt)   # (kept alive while its address is used)
         ones = ones_vec.data.ptr
     math_ih, math_hh = (wgrad_math(p.math, macs) for macs in (I * D * G * TB, H * G * TB))
@@ -315,7 +315,7 @@ def weight_grads(loop, p):
         loop.gemm(False, True, I, D * G, n, x + r0 * I * it, I, n * I,
                   dgi + r0 * D * G * it, D * G, n * D * G, beta, out, I, total, count,
                   math=math_ih)
-        if not few:
+        if not bias_in_kernel:
             # db_ih (D*3H) = dgi[rows]' @ ones
             loop.gemm(False, False, D * G, 1, n, dgi + r0 * D * G * it, D * G, n * D * G,
                       ones, n, 0, beta, out + o_bih * it, D * G, total, count, math="strict")
@@ -324,18 +324,18 @@ def weight_grads(loop, p):
             loop.gemm(False, True, H, G, n, hs + (d * (T + 1) * B + r0) * H * it, H,
                       n * H, dgh + (d * TB + r0) * G * it, G, n * G, beta,
                       out + (o_hh + d * G * H) * it, H, total, count, math=math_hh)
-            if not few:
+            if not bias_in_kernel:
                 # db_hh[d] (3H) = dgh[d, rows]' @ ones
                 loop.gemm(False, False, G, 1, n, dgh + (d * TB + r0) * G * it, G, n * G,
                           ones, n, 0, beta, out + (o_bhh + d * G) * it, G, total, count,
                           math="strict")
     if batched and len(chunks) > 1:
-        n = o_bih if few else total       # (the bias sums come from gru_bias_sums)
+        n = o_bih if bias_in_kernel else total      # (the weights' part alone)
         loop.launch(dev.kernel("gru_tail.cu", cat.sum_chunks(p.ctype)),
                     (min(-(-n // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
                     {"part": part, "out": grads, "n": n, "ld": total,
                      "chunks": len(chunks)})
-    if few:
+    if bias_in_kernel:
         loop.launch(dev.kernel("gru_tail.cu", cat.bias_sums(p.ctype)),
                     (-(-2 * D * G // cat.BIAS_COLS),), (cat.BIAS_COLS, cat.BIAS_LANES),
                     {"dgi": p.dgi, "dgh": p.dgh, "db": grads[o_bih:], "rows": TB,

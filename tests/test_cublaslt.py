@@ -368,3 +368,37 @@ def test_both_libraries_checks_name_the_library_the_call_and_the_status():
         check(0, "anything")
         with pytest.raises(RuntimeError, match=f"^{library} setStream failed with status 7$"):
             check(7, "setStream")
+
+
+@pytest.mark.parametrize("before", [0, 2], ids=["default", "pedantic"])
+def test_a_product_s_own_math_is_set_around_it_and_the_pass_s_set_back(stubs, before):
+    """Loop.gemm(math=): through cuBLASLt, the product's math names its descriptor; through
+    cuBLAS' GEMM, the handle gets the mode a pass of that math would set from the handle's
+    mode before the pass (pedantic kept), for that call alone, also when it raises."""
+    cp, direct, products, f32 = stubs
+    direct.get_math = lambda handle, ref: setattr(ref._obj, "value", before) or 0
+    with _device.Loop(f32, math="tf32") as loop:
+        _product(loop)
+        loop.gemm(False, True, 8, 8, 8, 0x1000, 8, 0, 0x2000, 8, 0, 1.0, 0x3000, 8, 0,
+                  math="strict")
+        assert [key[1] for key in products.asked] == ["tf32", "strict"]
+        direct.calls.clear()
+        long_k = _device.LT_MAX_K + 1
+        _product(loop, k=long_k)
+        tf32 = loop._math_mode
+        assert tf32 == _device.math_mode(before, "tf32") != before
+        assert [c[0] for c in direct.calls] == ["set_mode", "set_math", "set_stream", "gemm"]
+        direct.calls.clear()
+        loop.gemm(False, True, 8, 8, long_k, 0x1000, 8, 0, 0x2000, long_k, 0, 1.0, 0x3000, 8,
+                  0, math="strict")
+        assert [c[0] for c in direct.calls] == ["set_math", "gemm", "set_math"]
+        assert direct.calls[0] == ("set_math", before) and direct.calls[2] == ("set_math", tf32)
+        direct.calls.clear()
+
+        def fails(*args):
+            raise RuntimeError("the product's own error")
+        loop._gemm = fails                  # (the GEMM the loop bound to)
+        with pytest.raises(RuntimeError, match="own error"):
+            loop.gemm(False, True, 8, 8, long_k, 0x1000, 8, 0, 0x2000, long_k, 0, 1.0, 0x3000,
+                      8, 0, math="strict")
+        assert direct.calls == [("set_math", before), ("set_math", tf32)]

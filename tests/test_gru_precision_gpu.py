@@ -428,7 +428,8 @@ def test_bias_sums_round_the_exact_sum_once(cp, rng, dtype, D, rows, H):
     """gru_bias_sums (the bias gradients of a pass of at most _passes.BIAS_KERNEL_ROWS rows):
     every column of d_gate_i (rows, D*3H) and of d_gate_h (D, rows, 3H), summed in double,
     is the float64 sum rounded once to the dtype (within one unit of the last place, and
-    equal in nearly all), the same bits on a repeat launch, nothing written past db."""
+    equal in nearly all), the same bits on a repeat launch, nothing written outside db (a
+    view into a larger buffer, as the pass's gradients are)."""
     from cugru import _catalog, _device
     G = 3 * H
     dgi = rng.standard_normal((rows, D * G)).astype(dtype)
@@ -438,18 +439,19 @@ def test_bias_sums_round_the_exact_sum_once(cp, rng, dtype, D, rows, H):
     ref = np.array([math.fsum(c) for c in dgi.astype(np.float64).T]
                    + [math.fsum(c) for d in range(D) for c in dgh[d].astype(np.float64).T])
     kern = _device.kernel("gru_tail.cu", _catalog.bias_sums(_catalog.CTYPE[dgi.itemsize]))
-    outs = []
+    outs, before = [], 3
     for _ in range(2):
-        db = cp.full(2 * D * G + 5, 7.0, dtype)
+        buf = cp.full(before + 2 * D * G + 5, 7.0, dtype)
         kern.launch((-(-2 * D * G // _catalog.BIAS_COLS),),
                     (_catalog.BIAS_COLS, _catalog.BIAS_LANES),
-                    {"dgi": cp.asarray(dgi), "dgh": cp.asarray(dgh), "db": db, "rows": rows,
-                     "DG": D * G, "G": G})
-        outs.append(cp.asnumpy(db))
+                    {"dgi": cp.asarray(dgi), "dgh": cp.asarray(dgh), "db": buf[before:],
+                     "rows": rows, "DG": D * G, "G": G})
+        outs.append(cp.asnumpy(buf))
     np.testing.assert_array_equal(outs[0], outs[1])
     got = outs[0]
-    assert (got[2 * D * G:] == 7.0).all(), "wrote past db"
-    got = got[:2 * D * G].astype(np.float64)
+    assert (got[:before] == 7.0).all() and (got[before + 2 * D * G:] == 7.0).all(), \
+        "wrote outside db"
+    got = got[before:before + 2 * D * G].astype(np.float64)
     ulp = np.spacing(np.abs(ref).astype(dtype)).astype(np.float64)
     if dtype == np.float32:
         # (the double sum's own error, at most rows * 2^-53 of the terms' magnitudes, is

@@ -15,19 +15,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+#: both passes of ours on each
 PATHS = ("auto", "steps", "fast")
 MATHS = ("strict", "tf32")
-
-
-def ours(p, xp, path, math):
-    """cugru's eight results on p's values (numpy or cupy) as float64."""
-    import cugru
-    v = {k: (xp.asarray(a) if isinstance(a, np.ndarray) else a) for k, a in p.items()}
-    y, h_n, saved = cugru.gru_forward(v["x"], v["h0"], v["w_ih"], v["w_hh"], v["b_ih"],
-                                      v["b_hh"], bidirectional=p["bi"], math=math, path=path)
-    grads = cugru.gru_backward(v["dy"], v["dh_n"], saved)
-    host = (lambda a: a) if xp is np else xp.asnumpy
-    return [np.asarray(host(a), np.float64) for a in (y, h_n) + tuple(grads)]
 
 
 def rows_of(sid, seed):
@@ -35,7 +25,7 @@ def rows_of(sid, seed):
     import cupy as cp
     import torch
 
-    from bench.precision import normwise, problem, run_torch
+    from bench.precision import normwise, problem, run_ours, run_torch
     from bench.shapes import SHAPES
     p = problem(SHAPES[sid], np.float32, seed=seed)
     ref = run_torch(p, torch.float64, "cuda")
@@ -44,10 +34,10 @@ def rows_of(sid, seed):
     for path in PATHS:
         for math in MATHS:
             try:
-                got[f"ours {path}, {math}"] = ours(p, cp, path, math)
-            except (ValueError, TypeError) as e:    # (a path this shape does not take)
+                got[f"ours {path}, {math}"] = run_ours(p, cp, math, path)
+            except ValueError as e:     # (a path this shape does not take)
                 print(f"{sid} draw {seed}: path={path} math={math} refused: {e}")
-    got["ours numpy, float32"] = ours(p, np, "auto", "strict")
+    got["ours numpy, float32"] = run_ours(p, np, "strict")
     return {k: [normwise(a, r) for a, r in zip(v, ref)] for k, v in got.items()}
 
 

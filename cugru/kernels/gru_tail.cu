@@ -17,12 +17,13 @@ __global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, 
     }
 }
 
-// The bias gradients of a pass of few rows, summed in double (float data too), each result
-// rounded once: db[c] for c < 2*D*G is the sum over the rows r < rows of column c of
-// d_gate_i (c < DG = D*G: dgi[r*DG + c]) or of d_gate_h (c = DG + d*G + g: dgh[(d*rows + r)*G
-// + g]), db_ih then db_hh. A block takes GRU_BIAS_COLS columns, a warp's lanes on adjacent
-// addresses; the GRU_BIAS_LANES threads of a column take every GRU_BIAS_LANES-th row, and
-// their sums are added in lane order (no atomics: the same bits every run).
+// The bias gradients of a pass of few rows, summed in double (float data too: within a
+// float unit of the exact sum): db[c] for c < 2*D*G is the sum over the rows r < rows of
+// column c of d_gate_i (c < DG = D*G: dgi[r*DG + c]) or of d_gate_h (c = DG + d*G + g:
+// dgh[(d*rows + r)*G + g]), db_ih then db_hh. A block takes GRU_BIAS_COLS columns, a warp's
+// lanes on adjacent addresses; the GRU_BIAS_LANES threads of a column take every
+// GRU_BIAS_LANES-th row, and their sums are added in lane order (no atomics: the same bits
+// every run).
 template <typename T>
 __global__ void __launch_bounds__(GRU_BIAS_COLS * GRU_BIAS_LANES)
 gru_bias_sums(const T* __restrict__ dgi, const T* __restrict__ dgh, T* __restrict__ db,
