@@ -119,20 +119,20 @@ DRAWS = 3
 def run(ids, dtypes, device, draws=DRAWS):
     """A row per shape, dtype and result: each implementation's largest error over `draws`
     draws of the inputs ("ours", "torch"), and each draw's ("ours_draws", "torch_draws")."""
-    rows = []
+    rows = {}
     for seed in range(draws):
         for r in _run_draw(ids, dtypes, device, seed):
-            if not seed:
-                rows.append(dict(r, ours_draws=[r["ours"]], torch_draws=[r["torch"]]))
+            key = (r["id"], r["dtype"], r["result"])
+            if key not in rows:
+                rows[key] = dict(r, ours_draws=[r["ours"]], torch_draws=[r["torch"]])
                 continue
-            row = next(x for x in rows if (x["id"], x["dtype"], x["result"]) ==
-                       (r["id"], r["dtype"], r["result"]))
+            row = rows[key]
             row["ours_draws"].append(r["ours"])
             row["torch_draws"].append(r["torch"])
             row["torch"] = max(row["torch"], r["torch"])
-            if r["ours"] is not None:
+            if r["ours"] is not None and row["ours"] is not None:
                 row["ours"] = max(row["ours"], r["ours"])
-    return rows
+    return list(rows.values())
 
 
 def _run_draw(ids, dtypes, device, seed):
