@@ -140,3 +140,56 @@ def torch_qat_gru(torch, p, spec, dtype=None):
     torch.autograd.backward([y, hn], [t(p["dy"]), t(p["dh_n"])])
     np_ = lambda v: v.detach().double().numpy()  # noqa: E731
     return np_(y), np_(hn), tuple(np_(g.grad) for g in (x, h0, w_ih, w_hh, b_ih, b_hh))
+
+
+def pairwise(values):
+    """The pairwise sum of 2^n values in their own dtype: the sums of the two halves added,
+    down to single values (the order in which the tile kernels add a unit's lane sums)."""
+    if len(values) == 1:
+        return values[0]
+    half = len(values) // 2
+    return pairwise(values[:half]) + pairwise(values[half:])
+
+
+def lane_sum_problem(B, H, D, lanes, first_k, dtype):
+    """A one-step problem (T = I = 1, x and every bias zero) whose recurrent candidate term
+    hn = W_hn h0 + b_hn is, at every unit of every row and direction, the sum of `lanes`
+    exact products, one in each lane of the tile kernels' product: h0 is 1 at column
+    first_k[ks] (the first k of lane ks) and zero elsewhere, and W_hn holds lane ks's value
+    there: 1 for lane 0 and half a unit in the last place of 1 for the others, so that added
+    in lane order each of them is lost to a tie (rounded to even) and added pairwise they
+    are not (from 4 lanes on). Returns (p, the pairwise sum, the sum in lane order)."""
+    dt = np.dtype(dtype).type
+    values = np.full(lanes, np.finfo(dtype).eps / 2, dtype)
+    values[0] = 1
+    cols = np.asarray(first_k)
+    assert cols.shape == (lanes,) and cols.max() < H and len(set(cols.tolist())) == lanes
+    h0 = np.zeros((D, B, H), dtype)
+    h0[:, :, cols] = 1
+    w_hh = np.zeros((D, 3 * H, H), dtype)
+    w_hh[:, 2 * H:, cols] = values
+    zeros = lambda *s: np.zeros(s, dtype)  # noqa: E731
+    p = dict(x=zeros(1, B, 1), h0=h0, w_ih=zeros(D, 3 * H, 1), w_hh=w_hh,
+             b_ih=zeros(D, 3 * H), b_hh=zeros(D, 3 * H), dy=zeros(1, B, D * H),
+             dh_n=zeros(D, B, H), bidirectional=D == 2)
+    in_order = dt(0)
+    for v in values:
+        in_order = dt(in_order + v)
+    return p, pairwise(values), in_order
+
+
+def check_pairwise_lane_sums(cp, monkeypatch, plan, H, first_k, dtype, math="strict"):
+    """lane_sum_problem (B = 5, both directions, `plan.lanes` lanes whose first k are
+    first_k) through gru_forward on the fast path forced to `plan`: the history's hn of
+    every unit is the pairwise sum of the lanes' values, bit for bit, which differs from
+    their sum in lane order."""
+    import cugru
+    from cugru import _plan
+    p, expect, in_order = lane_sum_problem(5, H, 2, plan.lanes, first_k, dtype)
+    assert expect != in_order, "the problem does not tell the two orders apart"
+    g = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
+    monkeypatch.setattr(_plan, "choose", lambda *a, **k: plan)
+    _, _, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=True,
+                                    path="fast", math=math)
+    hn = cp.asnumpy(saved.gates)[:, 0, :, 3 * H:]
+    np.testing.assert_array_equal(hn, np.full((2, 5, H), expect, dtype))

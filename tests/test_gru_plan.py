@@ -19,7 +19,7 @@ import pytest
 from cugru import _args, _catalog, _device, _passes, oracle, plans
 from cugru.saved import GruSaved
 from cukernels import runtime
-from gru_cases import problem, weights
+from gru_cases import pairwise, problem, weights
 
 
 class DevArray(np.ndarray):
@@ -357,15 +357,12 @@ class _Tile:
 
     def product(self, wt, vec, gstride):
         """Phase 1 for every row of `vec` (MR rows: gate g's segment at g*gstride), then the
-        lane sums of each unit in lane order: sums[i][u, g]."""
+        lane sums of each unit added pairwise (gru_pairwise): sums[i][u, g]."""
         out = []
         for v in vec:
             vals = np.stack([v[g * gstride + self.k] for g in range(3)], axis=1)  # tid, g, q, e
             part = (wt * vals).sum(axis=(2, 3)).reshape(self.J, self.KS, 3)
-            acc = part[:, 0].copy()
-            for ks in range(1, self.KS):
-                acc += part[:, ks]
-            out.append(acc)
+            out.append(pairwise([part[:, ks] for ks in range(self.KS)]))
         return out
 
     def units(self, i, rows, H):

@@ -21,7 +21,7 @@ import pytest
 import cugru
 from cugru._args import HALF_DTYPES
 from cugru._catalog import MMA_TILES
-from gru_cases import problem, weights
+from gru_cases import check_pairwise_lane_sums, problem, weights
 
 pytestmark = pytest.mark.gpu
 
@@ -389,6 +389,25 @@ def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeyp
         launched.clear()
         _call(g, "fast", math="tf32", training=False)
         assert ("infer", True) in launched and all(m for _, m in launched), launched
+
+
+@pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: "c{}_q{}_r{}_t{}_u{}".format(*t))
+def test_each_mma_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, monkeypatch, tile):
+    """The MMA kernels' lane sums (lane ks takes the packs*4 consecutive k from
+    ks*packs*4) are added pairwise too, bit for bit, at the largest H each tile holds
+    (gru_cases.lane_sum_problem: its products are exact in TF32)."""
+    from cugru import plans
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+    # (the largest H held whose last lane starts below H)
+    H = max(H for H in range(1, 300 if tile[0] else 1100) if _mma_split(cp, tile, 1, H, 1)
+            and (_mma_split(cp, tile, 1, H, 1).lanes - 1) * tile[1] * 4 < H)
+    rows = max(r for r in range(1, tile[2] + 1) if _mma_split(cp, tile, 5, H, r))
+    plan = _mma_split(cp, tile, 5, H, rows)
+    if plan.lanes < 4:
+        pytest.skip(f"{plan.lanes} lanes: the two orders give the same sum")
+    check_pairwise_lane_sums(cp, monkeypatch, plan, H, np.arange(plan.lanes) * plan.packs * 4,
+                             np.float32, math="tf32")
 
 
 # ------------------------------------------------------ the tail's sums of few rows (S6's)

@@ -21,7 +21,7 @@
 //    memory loads per multiply-add). Its sum for unit u (with U = 1: even and odd q apart,
 //    then added) goes to part[row][gate][u][ks].
 // 2. The pointwise step, after __syncthreads. Thread p < J*R serves unit u = p % J of row
-//    i = p / J: it adds the KS lane sums of its unit in lane order (the same bits every run),
+//    i = p / J: it adds the KS lane sums of its unit pairwise (the same bits every run),
 //    applies the step and passes its new values on, then writes its outputs to global
 //    memory. What it reads from global memory arrives GRU_TILE_AHEAD steps ahead.
 // How the new values reach every block of the group:
@@ -221,26 +221,75 @@ __device__ __forceinline__ void gru_copy_wait() {
 // GRU_GRID_MAX_LANES at grid scope, are rendered from cugru/_catalog.py (its splits keep to
 // them)
 
-// out[g] = p[g*ld] + p[g*ld + 1] + ... + p[g*ld + K-1], added in that order (shared memory)
-template <typename T, int K>
-__device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld) {
+// The sum of K values (K a power of two), pairwise: the sums of the two halves added, down
+// to single values, so a sum's rounding error grows with log2(K), not with K (and the bits
+// are the same every run). x: K values in registers; p: K values in shared memory, `stride`
+// apart (1: read as 16-byte packs where K fills them; p then starts on a pack).
+template <int K, typename T>
+__device__ __forceinline__ T gru_pairwise(const T* x) {
+    if constexpr (K == 1) return x[0];
+    else return gru_pairwise<K / 2>(x) + gru_pairwise<K / 2>(x + K / 2);
+}
+
+template <int K, typename T>
+__device__ __forceinline__ T gru_pairwise_smem(const T* p, int stride) {
     constexpr int V = Pack16<T>::N;
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-        T v = T(0);
-        if constexpr (K % V == 0) {   // 16-byte packs (K*sizeof(T) divides the offsets)
-#pragma unroll
-            for (int c = 0; c < K / V; ++c) {
-                T x[V];
-                gru_smem_pack(p + g * ld + c * V, x);
-#pragma unroll
-                for (int e = 0; e < V; ++e) v = (c == 0 && e == 0) ? x[0] : v + x[e];
-            }
+    if constexpr (K == 1) {
+        return p[0];
+    } else if constexpr (K == V) {
+        T x[V];
+        if (stride == 1) {
+            gru_smem_pack(p, x);
         } else {
 #pragma unroll
-            for (int k = 0; k < K; ++k) v = k == 0 ? p[g * ld] : v + p[g * ld + k];
+            for (int e = 0; e < V; ++e) x[e] = p[e * stride];
         }
-        out[g] = v;
+        return gru_pairwise<V>(x);
+    } else if constexpr (K <= 8) {
+        return gru_pairwise_smem<K / 2>(p, stride) +
+               gru_pairwise_smem<K / 2>(p + (K / 2) * stride, stride);
+    } else {
+        // (grid scope, up to 64 lanes) the same tree, its blocks of 8 values read in turn
+        // in a loop (unrolled, 64 doubles read together spill the forward kernels'
+        // registers): each block's sum is added to the partial sums before it like a binary
+        // counter, level l holding the sum of 2^l blocks
+        constexpr int NB = K / 8;
+        constexpr int LEVELS = NB == 2 ? 2 : NB == 4 ? 3 : 4;   // log2(NB) + 1
+        static_assert(NB == 2 || NB == 4 || NB == 8, "8 to 64 values");
+        T level[LEVELS];
+#pragma unroll 1
+        for (int b = 0; b < NB; ++b) {
+            T v = gru_pairwise_smem<8>(p + b * 8 * stride, stride);
+            bool carry = true;   // (v still to be placed; the levels below b's lowest 0 bit)
+#pragma unroll
+            for (int l = 0; l < LEVELS - 1; ++l) {
+                if (carry && (b >> l & 1)) {
+                    v = level[l] + v;
+                } else if (carry) {
+                    level[l] = v;
+                    carry = false;
+                }
+            }
+            if (carry) level[LEVELS - 1] = v;
+        }
+        return level[LEVELS - 1];
+    }
+}
+
+// out[g] = the pairwise sum of the K lane sums p[g*ld + k*stride], k < K, of each gate
+template <typename T, int K>
+__device__ __forceinline__ void gru_sum_lanes(T (&out)[3], const T* p, int ld, int stride) {
+    if constexpr (K > 8) {   // (the gates one after another: a loop, registers kept)
+#pragma unroll 1
+        for (int g = 0; g < 3; ++g) {
+            const T v = gru_pairwise_smem<K>(p + g * ld, stride);
+            out[0] = g == 0 ? v : out[0];
+            out[1] = g == 1 ? v : out[1];
+            out[2] = g == 2 ? v : out[2];
+        }
+    } else {
+#pragma unroll
+        for (int g = 0; g < 3; ++g) out[g] = gru_pairwise_smem<K>(p + g * ld, stride);
     }
 }
 
@@ -360,29 +409,22 @@ template <typename T, int C, int Q, int MR, int NT, int U, bool MMA = false> str
     __device__ __forceinline__ T* row(int b, int i, int segs) const {
         return vec + ((C > 0 ? b : 0) * MR + i) * segs * HS;
     }
-    // this thread's sums of the three gates: the lane sums of its unit, in lane order
-    // (KS a power of two up to GRU_TILE_MAX_LANES, or GRU_GRID_MAX_LANES at grid scope)
+    // this thread's sums of the three gates: the lane sums of its unit, added pairwise
+    // (gru_pairwise; KS a power of two up to GRU_TILE_MAX_LANES, or GRU_GRID_MAX_LANES at
+    // grid scope). The FMA layout keeps a unit's lanes side by side (pu*KS + ks); the MMA
+    // layout puts row pi at pi*RS, then gate, lane ks, unit pu (lanes J apart).
     __device__ __forceinline__ void unit_sums(T (&out)[3], int KS) const {
         static_assert(GRU_TILE_MAX_LANES == 8 && GRU_GRID_MAX_LANES == 64,
                       "unit_sums takes 1 to 8 lanes, or up to 64 at grid scope");
-        if constexpr (MMA) {   // (the MMA layout: row pi at pi*RS, gate g, lane ks, unit pu)
-            const T* p = part + pi * RS + pu;
-#pragma unroll
-            for (int g = 0; g < 3; ++g) {
-                T v = p[g * JK];
-                for (int k = 1; k < KS; ++k) v += p[g * JK + k * J];
-                out[g] = v;
-            }
-            return;
-        }
-        const T* p = part + pi * 3 * JK + pu * KS;
-        if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK);
-        else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK);
-        else if (KS == 4) gru_sum_lanes<T, 4>(out, p, JK);
-        else if (C > 0 || KS == 8) gru_sum_lanes<T, 8>(out, p, JK);
-        else if (KS == 16) gru_sum_lanes<T, 16>(out, p, JK);
-        else if (KS == 32) gru_sum_lanes<T, 32>(out, p, JK);
-        else gru_sum_lanes<T, 64>(out, p, JK);
+        const T* p = MMA ? part + pi * RS + pu : part + pi * 3 * JK + pu * KS;
+        const int stride = MMA ? J : 1;
+        if (KS == 1) gru_sum_lanes<T, 1>(out, p, JK, stride);
+        else if (KS == 2) gru_sum_lanes<T, 2>(out, p, JK, stride);
+        else if (KS == 4) gru_sum_lanes<T, 4>(out, p, JK, stride);
+        else if (C > 0 || KS == 8) gru_sum_lanes<T, 8>(out, p, JK, stride);
+        else if (KS == 16) gru_sum_lanes<T, 16>(out, p, JK, stride);
+        else if (KS == 32) gru_sum_lanes<T, 32>(out, p, JK, stride);
+        else gru_sum_lanes<T, 64>(out, p, JK, stride);
     }
 };
 
@@ -540,8 +582,8 @@ __device__ __forceinline__ void gru_tile_product(T* part,
 // mma.m16n8k8 computes for all 8 rows of the vector at once: TF32 operands (each rounded to
 // nearest by cvt.rna), float32 accumulation. A job's sums are lane ks's sums of those units,
 // stored in a layout of the lane sums of its own (row i of the batch at i*RS, then gate,
-// lane, unit: a warp's stores meet no bank twice), which GruTile::unit_sums adds in lane
-// order as it adds the FMA lanes'.
+// lane, unit: a warp's stores meet no bank twice), which GruTile::unit_sums adds pairwise
+// as it adds the FMA lanes'.
 // The fragments of m16n8k8 (lane l = 4*g + t): A (16 units x 8 k) at rows g, g + 8 and
 // columns t, t + 4; B (8 k x 8 rows) at rows t, t + 4 and column g; D (16 x 8) at rows g,
 // g + 8 and columns 2t, 2t + 1. The 8 k of an mma are not consecutive: over 16 k from kb,
