@@ -227,7 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16",
                     help="float16, bfloat16 and/or tf32 (float32 data, TF32 products; CUDA)")
     ap.add_argument("--draws", type=int, default=DRAWS,
-                    help="draws of the inputs (seeds 0 to N-1), each judged on its own")
+                    help="draws of the inputs (seeds 0 to N-1); the goal is judged on each "
+                         "side's largest error over them")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
     if args.draws < 1:
