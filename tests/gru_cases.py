@@ -151,45 +151,59 @@ def pairwise(values):
     return pairwise(values[:half]) + pairwise(values[half:])
 
 
-def lane_sum_problem(B, H, D, lanes, first_k, dtype):
+def lane_sum_problem(rng, B, H, D, lanes, first_k, dtype):
     """A one-step problem (T = I = 1, x and every bias zero) whose recurrent candidate term
-    hn = W_hn h0 + b_hn is, at every unit of every row and direction, the sum of `lanes`
-    exact products, one in each lane of the tile kernels' product: h0 is 1 at column
-    first_k[ks] (the first k of lane ks) and zero elsewhere, and W_hn holds lane ks's value
-    there: 1 for lane 0 and half a unit in the last place of 1 for the others, so that added
-    in lane order each of them is lost to a tie (rounded to even) and added pairwise they
-    are not (from 4 lanes on). Returns (p, the pairwise sum, the sum in lane order)."""
-    dt = np.dtype(dtype).type
-    values = np.full(lanes, np.finfo(dtype).eps / 2, dtype)
-    values[0] = 1
+    hn = W_hn h0 + b_hn is, at unit j of row b in direction d, the sum of `lanes` exact
+    products, one in each lane of the tile kernels' product: h0[d, b] is nonzero only at
+    the columns first_k[ks] (the first k of lane ks), where W_hn[d, j] holds lane ks's
+    weight. Every factor has a 10-bit significand (exact in TF32 too, so each product is
+    exact in float32) and an exponent drawn over a range wider than the dtype's
+    significand, so that the sums round and the order of the adds shows; the values differ
+    between units, rows and directions. Returns (p, the terms (D, B, H, lanes))."""
+    span = 20 if np.dtype(dtype) == np.float32 else 40
+
+    def factors(*shape):
+        m = rng.integers(512, 1024, shape) * rng.choice([-1, 1], shape)
+        return np.ldexp(m / 1024.0, rng.integers(-span, 1, shape)).astype(dtype)
     cols = np.asarray(first_k)
     assert cols.shape == (lanes,) and cols.max() < H and len(set(cols.tolist())) == lanes
+    w, v = factors(D, H, lanes), factors(D, B, lanes)
     h0 = np.zeros((D, B, H), dtype)
-    h0[:, :, cols] = 1
+    h0[:, :, cols] = v
     w_hh = np.zeros((D, 3 * H, H), dtype)
-    w_hh[:, 2 * H:, cols] = values
+    w_hh[:, 2 * H:, cols] = w
     zeros = lambda *s: np.zeros(s, dtype)  # noqa: E731
     p = dict(x=zeros(1, B, 1), h0=h0, w_ih=zeros(D, 3 * H, 1), w_hh=w_hh,
              b_ih=zeros(D, 3 * H), b_hh=zeros(D, 3 * H), dy=zeros(1, B, D * H),
              dh_n=zeros(D, B, H), bidirectional=D == 2)
-    in_order = dt(0)
-    for v in values:
-        in_order = dt(in_order + v)
-    return p, pairwise(values), in_order
+    return p, w[:, None] * v[:, :, None]
 
 
-def check_pairwise_lane_sums(cp, monkeypatch, plan, H, first_k, dtype, math="strict"):
+def check_pairwise_lane_sums(cp, rng, monkeypatch, plan, H, first_k, dtype, math="strict"):
     """lane_sum_problem (B = 5, both directions, `plan.lanes` lanes whose first k are
     first_k) through gru_forward on the fast path forced to `plan`: the history's hn of
-    every unit is the pairwise sum of the lanes' values, bit for bit, which differs from
-    their sum in lane order."""
+    every unit, row and direction is the pairwise sum of its lanes' products, bit for bit.
+    The problem must tell that order from the sum in lane order, and (from 32 lanes, the
+    grid scope's loop over blocks of 8) from pairwise sums of 8 lanes added in order."""
     import cugru
     from cugru import _plan
-    p, expect, in_order = lane_sum_problem(5, H, 2, plan.lanes, first_k, dtype)
-    assert expect != in_order, "the problem does not tell the two orders apart"
+    K = plan.lanes
+    p, terms = lane_sum_problem(rng, 5, H, 2, K, first_k, dtype)
+    lanes = [terms[..., k] for k in range(K)]
+    expect = pairwise(lanes)
+    others = {"lane order": lanes[0]}
+    for t in lanes[1:]:
+        others["lane order"] = others["lane order"] + t
+    if K >= 32:
+        blocks = [pairwise(lanes[b:b + 8]) for b in range(0, K, 8)]
+        others["blocks of 8 in order"] = blocks[0]
+        for t in blocks[1:]:
+            others["blocks of 8 in order"] = others["blocks of 8 in order"] + t
+    for name, got in others.items():
+        assert (got != expect).any(), f"the problem does not tell pairwise from {name}"
     g = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in p.items()}
     monkeypatch.setattr(_plan, "choose", lambda *a, **k: plan)
     _, _, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=True,
                                     path="fast", math=math)
     hn = cp.asnumpy(saved.gates)[:, 0, :, 3 * H:]
-    np.testing.assert_array_equal(hn, np.full((2, 5, H), expect, dtype))
+    np.testing.assert_array_equal(hn, expect)

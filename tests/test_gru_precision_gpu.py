@@ -392,22 +392,30 @@ def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeyp
 
 
 @pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: "c{}_q{}_r{}_t{}_u{}".format(*t))
-def test_each_mma_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, monkeypatch, tile):
+def test_each_mma_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypatch, tile):
     """The MMA kernels' lane sums (lane ks takes the packs*4 consecutive k from
-    ks*packs*4) are added pairwise too, bit for bit, at the largest H each tile holds
-    (gru_cases.lane_sum_problem: its products are exact in TF32)."""
-    from cugru import plans
+    ks*packs*4) are added pairwise too, bit for bit, at the largest H each tile holds whose
+    last lane starts below H (gru_cases.check_pairwise_lane_sums: its products are exact in
+    TF32); the MMA kernels are the ones launched."""
+    from cugru import _plan, plans
     if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
         pytest.skip("not launched on this GPU")
-    # (the largest H held whose last lane starts below H)
     H = max(H for H in range(1, 300 if tile[0] else 1100) if _mma_split(cp, tile, 1, H, 1)
             and (_mma_split(cp, tile, 1, H, 1).lanes - 1) * tile[1] * 4 < H)
     rows = max(r for r in range(1, tile[2] + 1) if _mma_split(cp, tile, 5, H, r))
     plan = _mma_split(cp, tile, 5, H, rows)
     if plan.lanes < 4:
-        pytest.skip(f"{plan.lanes} lanes: the two orders give the same sum")
-    check_pairwise_lane_sums(cp, monkeypatch, plan, H, np.arange(plan.lanes) * plan.packs * 4,
-                             np.float32, math="tf32")
+        pytest.skip(f"{plan.lanes} lanes: every order gives the same sum")
+    launched = []
+    kernel = _plan.TilePlan.kernel
+
+    def spy(self, ctype, kind, qat=False, lengths=False, mma=False):
+        launched.append((kind, mma))
+        return kernel(self, ctype, kind, qat, lengths, mma)
+    monkeypatch.setattr(_plan.TilePlan, "kernel", spy)
+    check_pairwise_lane_sums(cp, rng, monkeypatch, plan, H,
+                             np.arange(plan.lanes) * plan.packs * 4, np.float32, math="tf32")
+    assert ("train", True) in launched and all(m for _, m in launched), launched
 
 
 # ------------------------------------------------------ the tail's sums of few rows (S6's)
