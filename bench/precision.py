@@ -16,8 +16,8 @@ and each draw's worst ratio alone; the draws whose own ratio is above 1.5x are n
 the verdict, for the record. One draw's ratio is not the measure: where both errors are at
 float32's rounding (float32 data, and the results TF32 leaves in float32), each is a unit
 or two of float32 at one element, and the ratio of the two moves by tens of percent from
-draw to draw and with the order of any sum (docs/performance.md, "How the accuracy goal
-is measured").
+draw to draw and with the order of any sum (docs/performance.md, "The tile kernels'
+lane sums, pairwise, and how the accuracy goal is judged").
 
 On the CPU cugru runs its numpy path (computing in float32 from the rounded inputs, each
 result rounded once) and torch its CPU kernels in that dtype; on CUDA torch runs cuDNN and
