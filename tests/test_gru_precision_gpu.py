@@ -335,6 +335,19 @@ def _mma_split(cp, tile, B, H, rows):
     return plan if plan is not None and plan.runs_mma(tf32) else None
 
 
+def _record_tile_kernels(monkeypatch):
+    """A list that gets (kind, mma) of every tile kernel a plan asks for from now on."""
+    from cugru import _plan
+    launched = []
+    kernel = _plan.TilePlan.kernel
+
+    def spy(self, ctype, kind, qat=False, lengths=False, mma=False):
+        launched.append((kind, mma))
+        return kernel(self, ctype, kind, qat, lengths, mma)
+    monkeypatch.setattr(_plan.TilePlan, "kernel", spy)
+    return launched
+
+
 @pytest.mark.parametrize("tile", MMA_TILES, ids=lambda t: "c{}_q{}_r{}_t{}_u{}".format(*t))
 @pytest.mark.parametrize("end", ["low", "top"])
 def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeypatch, tile,
@@ -350,13 +363,7 @@ def test_each_mma_tile_kernel_within_the_tf32_tolerance(cp, poison, rng, monkeyp
         pytest.skip("not launched on this GPU")
     holds = [H for H in range(1, 300 if tile[0] else 1100) if _mma_split(cp, tile, 1, H, 1)]
     H = min(holds) if end == "low" else max(holds)
-    launched = []
-    kernel = _plan.TilePlan.kernel
-
-    def spy(self, ctype, kind, qat=False, lengths=False, mma=False):
-        launched.append((kind, mma))
-        return kernel(self, ctype, kind, qat, lengths, mma)
-    monkeypatch.setattr(_plan.TilePlan, "kernel", spy)
+    launched = _record_tile_kernels(monkeypatch)
     most = max(r for r in range(1, tile[2] + 1) if _mma_split(cp, tile, 9, H, r))
     for rows in sorted({1, most}):
         plan = _mma_split(cp, tile, 9, H, rows)
@@ -397,7 +404,7 @@ def test_each_mma_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypa
     ks*packs*4) are added pairwise too, bit for bit, at the largest H each tile holds whose
     last lane starts below H (gru_cases.check_pairwise_lane_sums: its products are exact in
     TF32); the MMA kernels are the ones launched."""
-    from cugru import _plan, plans
+    from cugru import plans
     if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
         pytest.skip("not launched on this GPU")
     H = max(H for H in range(1, 300 if tile[0] else 1100) if _mma_split(cp, tile, 1, H, 1)
@@ -406,13 +413,7 @@ def test_each_mma_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypa
     plan = _mma_split(cp, tile, 5, H, rows)
     if plan.lanes < 4:
         pytest.skip(f"{plan.lanes} lanes: every order gives the same sum")
-    launched = []
-    kernel = _plan.TilePlan.kernel
-
-    def spy(self, ctype, kind, qat=False, lengths=False, mma=False):
-        launched.append((kind, mma))
-        return kernel(self, ctype, kind, qat, lengths, mma)
-    monkeypatch.setattr(_plan.TilePlan, "kernel", spy)
+    launched = _record_tile_kernels(monkeypatch)
     check_pairwise_lane_sums(cp, rng, monkeypatch, plan, H,
                              np.arange(plan.lanes) * plan.packs * 4, np.float32, math="tf32")
     assert ("train", True) in launched and all(m for _, m in launched), launched

@@ -42,12 +42,13 @@ def rows_of(sid, seed):
 
 
 def main(argv=None):
-    from bench.precision import NAMES
+    from bench.precision import DRAWS, NAMES
     from bench.shapes import SHAPES, id_list
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shapes", nargs="?", type=id_list(SHAPES), default=["S6"],
                     help="comma-separated ids of S1-S10")
-    ap.add_argument("--draws", type=int, default=3, help="draws of the inputs (seeds 0..N-1)")
+    ap.add_argument("--draws", type=int, default=DRAWS,
+                    help="draws of the inputs (seeds 0..N-1)")
     args = ap.parse_args(argv)
     if args.draws < 1:
         ap.error(f"--draws must be at least 1, got {args.draws}")
