@@ -49,13 +49,17 @@ CLUSTERS = (1, 2, 4, 8)
 #: counter in global memory, as many as H needs). A thread holds 3 x packs x units packs of
 #: weights: 96 registers in float, so 512 threads hold H = 128 in one block; double with 8
 #: rows, or 4 units per thread with 8 rows, run out of registers, and so would 512 threads
-#: with 8 rows.
+#: with 8 rows. A kernel computes its most rows every step, however many its group holds;
+#: the float clusters of 2 also come in 4 rows (2 x 64 units x 4 rows fill the pointwise
+#: threads, so the 8-row kernels of 64 units run 4 rows and compute 8): half the product
+#: where the product sets a step's time (B = 512, H = 128: O7 and O13 of bench.offtable).
 TILES = {
     4: tuple((c, q, r, 256, u) for c in CLUSTERS
              for (q, u), rows in (((4, 1), (1, 8)), ((8, 1), (1, 8)), ((4, 2), (1, 8)),
                                   ((2, 4), (1,)))
              for r in rows)
-    + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (0, 4, 8, 256, 2)),
+    + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (2, 8, 4, 256, 1), (2, 4, 4, 256, 2),
+       (0, 4, 8, 256, 2)),
     8: tuple((c, 8, r, 256, 1) for c in CLUSTERS for r in (1, 4)) + ((0, 8, 4, 256, 1),),
 }
 #: tiles built without a quantization-aware backward kernel (cugru.QuantSpec): one block

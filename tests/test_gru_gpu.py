@@ -706,6 +706,31 @@ def test_each_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypatch,
         pytest.skip("at most 2 lanes: every order gives the same sum")
 
 
+_FEWER_ROWS = [(t, next(u for u in plans.TILES[4] if u[:2] == t[:2] and u[3:] == t[3:]
+                          and u[2] == 8))
+               for t in plans.TILES[4] if t[0] and t[2] not in (1, 8)]
+
+
+@pytest.mark.parametrize("tile,eight", _FEWER_ROWS, ids=str)
+def test_a_tile_of_fewer_rows_gives_the_bits_of_its_8_row_kernel(cp, rng, monkeypatch, tile,
+                                                                 eight):
+    """A tile kernel built for fewer rows (4: half the product of the 8-row kernel, which
+    computes all 8 rows a step however many a group holds) runs each row as the 8-row kernel
+    of its cluster, packs, threads and units per thread does: the same bits in every
+    result of both passes, with as many rows a group as it takes and with one (B = 5:
+    full and partial groups), at the largest H it holds."""
+    if not plans.tile_runs_on(tile, int(cp.cuda.Device().compute_capability)):
+        pytest.skip("not launched on this GPU")
+    H = max(H for H in range(1, 300) if _tile_plan(cp, np.float32, tile, 5, H, tile[2]))
+    p = problem(rng, 5, 5, 3, H, True)
+    for rows in (1, tile[2]):
+        got = [_run_plan(cp, monkeypatch, p, np.float32,
+                         _tile_plan(cp, np.float32, t, 5, H, rows)) for t in (tile, eight)]
+        for name, a, b in zip(OUT_NAMES, *got):
+            assert np.array_equal(a, b), (rows, name)
+    _check(got[0], p, np.float32)
+
+
 _CLUSTER_CASES = [(dt, tile) for dt, tile in _TILE_CASES if tile[0] > 1]
 
 
