@@ -246,3 +246,20 @@ def test_the_precision_paths_tool_refuses_a_bad_shape_or_draw_count_before_gpu_w
     with pytest.raises(SystemExit) as e:
         tool.main(["S6", "--draws", "0"])
     assert e.value.code == 2 and "--draws must be at least 1" in capsys.readouterr().err
+
+
+def test_the_tiles_tool_refuses_an_unknown_shape_or_tile_before_gpu_work(capsys):
+    """tools/tiles_ab.py names an unknown shape id and a tile that is no float32 tile
+    (argparse errors, exit 2), before it asks for a GPU; its default tiles are the 4-row
+    ones (plans.FMA_ROW_TILES)."""
+    import pytest
+
+    from cugru import plans
+    tool = _tool("tiles_ab.py")
+    with pytest.raises(SystemExit) as e:
+        tool.main(["O13", "Q3"])
+    assert e.value.code == 2 and "Q3" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        tool.main(["O13", "--tiles", "2,8,3,256,1"])
+    assert e.value.code == 2 and "(2, 8, 3, 256, 1)" in capsys.readouterr().err
+    assert plans.FMA_ROW_TILES == ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
