@@ -59,13 +59,9 @@ TILES = {
                                   ((2, 4), (1,)))
              for r in rows)
     + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (2, 8, 4, 256, 1), (2, 4, 4, 256, 2),
-       (0, 4, 8, 256, 2)),   # (the 4-row tiles: FMA_ROW_TILES)
+       (0, 4, 8, 256, 2)),
     8: tuple((c, 8, r, 256, 1) for c in CLUSTERS for r in (1, 4)) + ((0, 8, 4, 256, 1),),
 }
-#: the tiles of fewer rows than the 8 an mma computes, built for the FMA product alone (no
-#: MMA instances): under math="tf32" the planner leaves them out where the MMA kernels run
-#: (plans.fast_plan(..., mma=True)), so that an 8-row split keeps its product on tensor cores
-FMA_ROW_TILES = ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
 #: tiles built without a quantization-aware backward kernel (cugru.QuantSpec): one block
 #: of 512 threads with 2 units per thread holds 96 registers of weights of its 128, and the
 #: straight-through estimator's state mask does not fit beside them (it spilled); the

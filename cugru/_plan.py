@@ -705,34 +705,23 @@ def _persist_resident_blocks(plan, dtype, qat=False):
 
 
 # --------------------------------------------------------------------------------- planner
-def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False, mma=False):
+def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False):
     """The persistent split for batch B, hidden size H and D directions on the current GPU,
     for the forward pass (or with `backward` the backward pass; both passes share every
     buffer's layout, so they may take different splits): a TilePlan where the tile kernels
     hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
     the per-step path). `qat`: for a quantization-aware pass (occupancy then counts its
     kernels too, and a backward pass leaves out the tiles of cat.QAT_BACKWARD_LEFT_OUT).
-    `lengths`: for a pass with variable lengths (likewise, cat.LENGTHS_LEFT_OUT). `mma`: for
-    a pass that runs the MMA kernels where its split has them (math="tf32" on float32 data,
-    mma_applies): the tiles of cat.FMA_ROW_TILES are left out."""
+    `lengths`: for a pass with variable lengths (likewise, cat.LENGTHS_LEFT_OUT)."""
     return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
-                      bool(backward), bool(qat), bool(lengths), bool(mma))
+                      bool(backward), bool(qat), bool(lengths))
 
 
-def mma_applies(math, dtype, qat=False, lengths=False) -> bool:
-    """Whether a pass of `math` on `dtype` (the compute dtype: float32 for half data) runs
-    the tile kernels' MMA instances where its split has them (TilePlan.runs_mma's rule
-    before the split): MMA on, math="tf32", float32, neither quantization-aware nor with
-    variable lengths."""
-    return (MMA and math == "tf32" and np.dtype(dtype) == np.float32 and not qat
-            and not lengths)
-
-
-def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False, mma=False):
+def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
     """[(plan, groups at once)]: every split of the tile kernels that can run a pass of the
-    shape on the current GPU (the forward pass, or with `backward` the backward pass; `qat`,
-    `lengths` and `mma` as for fast_plan): built for this dtype and compute capability, with
-    that pass's instance, its shared memory within the device's, and at least one group per
+    shape on the current GPU (the forward pass, or with `backward` the backward pass; `qat`
+    and `lengths` as for fast_plan): built for this dtype and compute capability, with that
+    pass's instance, its shared memory within the device's, and at least one group per
     direction resident at once (grid scope: resident() gives its slots); in the order of
     cat.TILES, then of the rows per group. What fast_plan ranks, and what the benchmark's and
     the tools' sweeps time."""
@@ -743,8 +732,6 @@ def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False, mma=Fa
     out = []
     for tile in cat.TILES[itemsize]:
         if not (cat.tile_runs_on(tile, d.cc) and cat.tile_has(ctype, tile, kind, qat, lengths)):
-            continue
-        if mma and tile in cat.FMA_ROW_TILES:
             continue
         for r in range(1, tile[2] + 1):
             p = tile_split(B, H, D, tile, r, itemsize)
@@ -758,9 +745,8 @@ def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False, mma=Fa
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False,
-               mma=False):
-    splits = tile_splits(B, H, D, dtype, backward, qat, lengths, mma)
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
+    splits = tile_splits(B, H, D, dtype, backward, qat, lengths)
     # forward: block and cluster scope first, grid scope where neither holds the shape;
     # backward: all ranked together
     for ranked in ([splits] if backward else
@@ -792,26 +778,23 @@ def auto_takes(plan, B, H, D=1, backward=False):
 _CHOSEN: dict = {}
 
 
-def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False,
-           math="strict"):
+def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False):
     """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
     T and I (the sequence length and input size), path="auto" leaves the small path out.
     `qat`: for a quantization-aware pass (cugru.QuantSpec); `lengths`: for one with
-    variable lengths; `math`: the pass's (a checked math; under "tf32" the planner ranks
-    the tiles the MMA kernels run, mma_applies)."""
-    mma = mma_applies(math, dtype, qat, lengths)
+    variable lengths."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
                              "use path='auto'")
         return SMALL
-    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma)
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths)
     plan = _CHOSEN.get(key)
     if plan is None:
         plan = STEPS
         if path != "steps":
-            fast = fast_plan(B, H, D, dtype, backward, qat, lengths, mma)
+            fast = fast_plan(B, H, D, dtype, backward, qat, lengths)
             if fast is None and path == "fast":
                 raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "

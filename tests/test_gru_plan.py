@@ -829,56 +829,6 @@ def test_tile_splits_are_the_runnable_splits(monkeypatch):
     assert all(n < counts[0] for n in counts[1:])
 
 
-def test_the_4_row_tiles_serve_fma_passes_and_mma_passes_keep_the_8_row_tiles(monkeypatch):
-    """The float32 clusters of 2 built for 4 rows (FMA_ROW_TILES, no MMA instances): on a
-    stand-in sm_90 where a cluster of 2 holds one group of 64 units per SM pair (O13's
-    B = 512, H = 128), a strict pass ranks the 4-row kernel first (the same waves as the
-    8-row kernel, half the rows computed), and a pass that runs the MMA kernels
-    (math="tf32" on float32, mma_applies) never sees it and keeps the 8-row split, whose
-    MMA instance computes 8 rows at once; choose hands the pass's math to the planner."""
-    from types import SimpleNamespace
-
-    from cugru import _plan
-    cat = _catalog
-    assert set(cat.FMA_ROW_TILES) <= set(cat.TILES[4])
-    assert not set(cat.FMA_ROW_TILES) & set(cat.MMA_TILES)
-    monkeypatch.setattr(_plan, "groups_at_once",
-                        lambda plan, dtype, device_id, qat=False, lengths=False:
-                        66 if plan.cluster == 2 else 1)
-    monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
-        cc=90, smem_optin=227 * 1024, sms=132, id=0))
-    _plan._fast_plan.cache_clear()
-    try:
-        for backward in (False, True):
-            strict = _plan.fast_plan(512, 128, 1, np.float32, backward)
-            mma = _plan.fast_plan(512, 128, 1, np.float32, backward, mma=True)
-            assert strict.tile in cat.FMA_ROW_TILES and strict.rows == 4
-            assert mma.tile in cat.MMA_TILES and (mma.rows, mma.max_rows) == (4, 8)
-            assert (strict.tile[0], strict.tile[1:2], strict.tile[3:]) == \
-                (mma.tile[0], mma.tile[1:2], mma.tile[3:])
-            assert not any(p.tile in cat.FMA_ROW_TILES for p, _ in _plan.tile_splits(
-                512, 128, 1, np.float32, backward, mma=True))
-        assert _plan.mma_applies("tf32", np.float32)
-        for math, dt, qat, lengths in (("strict", np.float32, False, False),
-                                       ("tf32", np.float64, False, False),
-                                       ("tf32", np.float32, True, False),
-                                       ("tf32", np.float32, False, True)):
-            assert not _plan.mma_applies(math, dt, qat, lengths)
-        monkeypatch.setattr(_plan, "MMA", False)     # (plans.use_mma(False))
-        assert not _plan.mma_applies("tf32", np.float32)
-        monkeypatch.setattr(_plan, "MMA", True)
-        seen = []
-        monkeypatch.setattr(_plan, "fast_plan", lambda *a: seen.append(a[-1]) or None)
-        _plan._CHOSEN.clear()
-        for math in ("strict", "tf32"):
-            _plan.choose("auto", 512, 128, 1, np.dtype(np.float32),
-                         False, 0, 0, math=math)
-        assert seen == [False, True]
-    finally:
-        _plan._fast_plan.cache_clear()
-        _plan._CHOSEN.clear()
-
-
 def test_grid_scope_waves_count_each_direction_s_slots():
     """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
     them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both

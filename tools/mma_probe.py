@@ -5,9 +5,8 @@
 For each shape (bench.paths' ids: S1-S10, O1-O16, A1-A6) and precision (bench.dtypes'
 names: tf32 is float32 data with math="tf32", float16 and bfloat16 their data with the
 default math, "tf32"): the device ms of path="auto"'s train step and inference with the
-MMA kernels (plans.use_mma(True), what a call runs), without them (the FMA kernels, the
-products outside the recurrence on tensor cores as before: the same plans, except where
-the planner then takes a tile of fewer rows, plans.FMA_ROW_TILES, as on O7 and O13), and of
+MMA kernels (plans.use_mma(True), what a call runs), without them (the same plans on their
+FMA kernels, the products outside the recurrence on tensor cores as before), and of
 torch.nn.GRU on cuDNN in that precision, the three timed in turn over rounds
 (bench.timing.time_passes). Ours run eagerly in both ways (plans.use_graphs(False)), so the
 two differ in the recurrence's kernels alone. Each line names the forward and backward
@@ -66,9 +65,8 @@ def main(argv=None):
             (T, B, I, H, bi), _ = ALL[sid]
             D = 2 if bi else 1
             f32 = np.dtype(np.float32)
-            names = "; ".join(mma_label(plans, plans.choose("auto", B, H, D, f32, bw, T, I,
-                                                            math="tf32"), D)
-                              for bw in (False, True))
+            names = "; ".join(mma_label(plans, plans.choose("auto", B, H, D, f32, bw, T, I),
+                                        D) for bw in (False, True))
             base = make_problem(T, B, I, H, bi, dtype=np.float32)
             for prec in precisions:
                 dt, math, tf32 = PRECISIONS[prec]
