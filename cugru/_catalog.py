@@ -43,6 +43,13 @@ PERSIST_ROWS = {4: (1, 2, 4, 8), 8: (1, 2, 4)}
 #: cluster sizes (blocks per cluster; 1: one block) of the tile kernels at block and cluster
 #: scope; 8 is the largest every cluster-capable GPU runs
 CLUSTERS = (1, 2, 4, 8)
+#: float32 tile kernels of 4 rows at cluster 2: 64 units a block take at most 4 rows (a
+#: pointwise thread per unit and row of 256), so the 8-row kernels of 64 units computed 8
+#: rows a step for 4; these compute 4, half the product where the product sets a step's
+#: time (B = 512, H = 128: O7 and O13 of bench.offtable, docs/performance.md). They have no
+#: MMA instances (an mma computes 8 rows): a math="tf32" pass planned on them runs the FMA
+#: product, in float32.
+FOUR_ROW_TILES = ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
 #: the tile kernels built (W_hh in registers), per element size: (cluster size, 16-byte packs
 #: of each gate's weights per thread, most batch rows per group, threads per block, units per
 #: thread). Cluster size 1 is one block, 0 grid scope (a group of blocks that meet at a
@@ -50,16 +57,13 @@ CLUSTERS = (1, 2, 4, 8)
 #: weights: 96 registers in float, so 512 threads hold H = 128 in one block; double with 8
 #: rows, or 4 units per thread with 8 rows, run out of registers, and so would 512 threads
 #: with 8 rows. A kernel computes its most rows every step, however many its group holds;
-#: the float clusters of 2 also come in 4 rows (2 x 64 units x 4 rows fill the pointwise
-#: threads, so the 8-row kernels of 64 units run 4 rows and compute 8): half the product
-#: where the product sets a step's time (B = 512, H = 128: O7 and O13 of bench.offtable).
+#: the float clusters of 2 also come in 4 rows (FOUR_ROW_TILES).
 TILES = {
     4: tuple((c, q, r, 256, u) for c in CLUSTERS
              for (q, u), rows in (((4, 1), (1, 8)), ((8, 1), (1, 8)), ((4, 2), (1, 8)),
                                   ((2, 4), (1,)))
              for r in rows)
-    + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2), (2, 8, 4, 256, 1), (2, 4, 4, 256, 2),
-       (0, 4, 8, 256, 2)),
+    + ((1, 8, 1, 512, 1), (1, 4, 1, 512, 2)) + FOUR_ROW_TILES + ((0, 4, 8, 256, 2),),
     8: tuple((c, 8, r, 256, 1) for c in CLUSTERS for r in (1, 4)) + ((0, 8, 4, 256, 1),),
 }
 #: tiles built without a quantization-aware backward kernel (cugru.QuantSpec): one block

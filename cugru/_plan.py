@@ -650,12 +650,19 @@ def tile_rank(plan, D, groups_at_once, backward=False):
     product to the others, backward too: 0.71-0.76 against 0.79-0.82 µs a step); last, the
     fewest rows per group, so that as many groups run as the same waves hold, each with a
     shorter step (tools/rows_probe.py: S3 and S5 4-5% faster in both passes at 5 rows than at 8,
-    O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27% at 2-3 rows against 8; docs/performance.md)."""
+    O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27% at 2-3 rows against 8; docs/performance.md).
+    A tile of cat.FOUR_ROW_TILES ranks as its 8-row sibling (the same cluster, packs, threads
+    and units per thread) does on the same split, and ahead of it (the last key): it runs
+    the sibling's split computing 4 rows for its 8, the same bits (O7 and O13 1.26-1.35x
+    faster, docs/performance.md); against other tiles it is ranked as the sibling, which the
+    measurements above placed, and so takes no other split's place."""
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
     units = plan.per_thread if scope == 1 and not backward else abs(plan.per_thread - 2)
-    return (waves(plan, D, groups_at_once), plan.max_rows, scope,
-            -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows)
+    computed = 8 if plan.tile in cat.FOUR_ROW_TILES else plan.max_rows
+    return (waves(plan, D, groups_at_once), computed, scope,
+            -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows,
+            plan.max_rows)
 
 
 def resident(plan, D, at_once):

@@ -18,8 +18,8 @@ import numpy as np
 from . import _device, _passes
 from ._args import HALF_DTYPES, backward_args, check_math, forward_args
 from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA graphs)
-from ._catalog import (CLUSTERS, MMA_TILES, PERSIST_ROWS, PERSIST_THREADS,  # noqa: F401
-                       TILE_AHEAD, TILES, mma_warps, tile_has, tile_runs_on)
+from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noqa: F401
+                       PERSIST_THREADS, TILE_AHEAD, TILES, mma_warps, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
                     STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose,
@@ -27,14 +27,15 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
                     small_chain, small_takes, tile_rank, tile_split, tile_splits, waves)
 
 
-__all__ = ["CLUSTERS", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
+__all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
            "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
-           "forward",           "backward_recurrence", "backward_tail", "backward", "step_pieces", "use_graphs",
+           "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",
+           "use_graphs",
            "clear_graphs"]
 
 

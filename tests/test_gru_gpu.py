@@ -708,7 +708,7 @@ def test_each_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypatch,
 
 _FEWER_ROWS = [(t, next(u for u in plans.TILES[4] if u[:2] == t[:2] and u[3:] == t[3:]
                           and u[2] == 8))
-               for t in plans.TILES[4] if t[0] and t[2] not in (1, 8)]
+               for t in plans.FOUR_ROW_TILES]
 
 
 @pytest.mark.parametrize("tile,eight", _FEWER_ROWS, ids=str)

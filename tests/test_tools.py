@@ -249,17 +249,21 @@ def test_the_precision_paths_tool_refuses_a_bad_shape_or_draw_count_before_gpu_w
 
 
 def test_the_tiles_tool_refuses_an_unknown_shape_or_tile_before_gpu_work(capsys):
-    """tools/tiles_ab.py names an unknown shape id and a tile that is no float32 tile
-    (argparse errors, exit 2), before it asks for a GPU; its default tiles are the 4-row
-    ones (plans.FMA_ROW_TILES)."""
+    """tools/tiles_ab.py names an unknown shape id, a tile that is no float32 tile and a
+    tile that is not five integers (argparse errors, exit 2), before it asks for a GPU; its
+    default tiles to leave out are the 4-row ones (plans.FOUR_ROW_TILES)."""
     import pytest
 
     from cugru import plans
     tool = _tool("tiles_ab.py")
-    with pytest.raises(SystemExit) as e:
-        tool.main(["O13", "Q3"])
-    assert e.value.code == 2 and "Q3" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        tool.main(["O13", "--tiles", "2,8,3,256,1"])
-    assert e.value.code == 2 and "(2, 8, 3, 256, 1)" in capsys.readouterr().err
-    assert plans.FMA_ROW_TILES == ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
+    for argv, named in ((["O13", "Q3"], "Q3"), (["O13", "--tiles", "2,8,3,256,1"],
+                                                "(2, 8, 3, 256, 1)"),
+                        (["--tiles", "2,8,x,256,1"], "five integers")):
+        with pytest.raises(SystemExit) as e:
+            tool.parse(argv)
+        assert e.value.code == 2 and named in capsys.readouterr().err
+    ids, tiles, math = tool.parse([])
+    assert tiles == set(plans.FOUR_ROW_TILES) and len(plans.FOUR_ROW_TILES) == 2
+    assert ids[:2] == ["S1", "S2"] and "O13" in ids and math == "strict"
+    assert tool.parse(["O7", "--tiles", "2,8,4,256,1", "--math", "tf32"]) == (
+        ["O7"], {(2, 8, 4, 256, 1)}, "tf32")

@@ -22,7 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 #: shapes whose passes take tile kernels of 8 rows a group (MMA_TILES) on an H100, and S1,
-#: S2 beside them (one row a group: no MMA kernel)
+#: S2 beside them (one row a group: no MMA kernel); O7 and O13 take tiles of 4 rows from
+#: 9b917ce (plans.FOUR_ROW_TILES, no MMA kernel either: tools/tiles_ab.py --math tf32
+#: times them against the 8-row MMA kernels)
 DEFAULT_IDS = ("S1", "S2", "S3", "S5", "S8", "O1", "O2", "O7", "O8", "O13", "A1", "A2")
 
 
