@@ -50,6 +50,9 @@ CLUSTERS = (1, 2, 4, 8)
 #: MMA instances (an mma computes 8 rows): a math="tf32" pass planned on them runs the FMA
 #: product, in float32.
 FOUR_ROW_TILES = ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
+#: each 4-row tile by its 8-row sibling (the same cluster, packs, threads and units per
+#: thread), whose place it takes (cugru._plan.four_row_in_place)
+FOUR_ROW_OF = {(c, q, 8, t, u): (c, q, r, t, u) for c, q, r, t, u in FOUR_ROW_TILES}
 #: the tile kernels built (W_hh in registers), per element size: (cluster size, 16-byte packs
 #: of each gate's weights per thread, most batch rows per group, threads per block, units per
 #: thread). Cluster size 1 is one block, 0 grid scope (a group of blocks that meet at a

@@ -18,8 +18,8 @@ another plan than the forward pass did.
 The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
 runs the whole pass (``whole_pass``).
 
-``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a
-call runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
+``choose(path, B, H, D, dtype, backward, T, I, qat, lengths)`` gives the plan a call
+runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
 the per-step path, else STEPS.
 """
@@ -651,18 +651,31 @@ def tile_rank(plan, D, groups_at_once, backward=False):
     fewest rows per group, so that as many groups run as the same waves hold, each with a
     shorter step (tools/rows_probe.py: S3 and S5 4-5% faster in both passes at 5 rows than at 8,
     O1 and A1 5-9%, A2 10-13%, A5 and A6 15-27% at 2-3 rows against 8; docs/performance.md).
-    A tile of cat.FOUR_ROW_TILES ranks as its 8-row sibling (the same cluster, packs, threads
-    and units per thread) does on the same split, and ahead of it (the last key): it runs
-    the sibling's split computing 4 rows for its 8, the same bits (O7 and O13 1.26-1.35x
-    faster, docs/performance.md); against other tiles it is ranked as the sibling, which the
-    measurements above placed, and so takes no other split's place."""
+    The tiles of cat.FOUR_ROW_TILES are not ranked: fast_plan puts one in its 8-row
+    sibling's place (four_row_in_place)."""
     scope = {0: 3, 1: 0 if plan.threads <= 256 else 2}.get(plan.cluster, 1)
     size = (abs(plan.cluster - 4), plan.cluster)
     units = plan.per_thread if scope == 1 and not backward else abs(plan.per_thread - 2)
-    computed = 8 if plan.tile in cat.FOUR_ROW_TILES else plan.max_rows
-    return (waves(plan, D, groups_at_once), computed, scope,
-            -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows,
-            plan.max_rows)
+    return (waves(plan, D, groups_at_once), plan.max_rows, scope,
+            -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows)
+
+
+def four_row_in_place(chosen, splits, D):
+    """The split fast_plan runs for its ranked choice `chosen` (a (plan, groups at once)
+    pair of `splits`, tile_splits' pairs): where `chosen` is the 8-row sibling of a tile of
+    cat.FOUR_ROW_TILES (the same cluster, packs, threads and units per thread) at 4 rows or
+    fewer, that tile's split of the same rows where tile_splits holds it in no more waves
+    (it computes 4 of the sibling's 8 rows a step: the same bits, half the product; O7 and
+    O13 1.26-1.35x faster, docs/performance.md); else `chosen`'s plan. So a 4-row tile runs
+    only where its sibling would have, on any GPU, and takes no other split's place."""
+    plan, n = chosen
+    four = cat.FOUR_ROW_OF.get(plan.tile) if plan.cluster else None
+    if four is None or plan.rows > four[2]:
+        return plan
+    for p, m in splits:
+        if p.tile == four and p.rows == plan.rows and waves(p, D, m) <= waves(plan, D, n):
+            return p
+    return plan
 
 
 def resident(plan, D, at_once):
@@ -754,13 +767,15 @@ def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
 @functools.lru_cache(maxsize=256)
 def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
     splits = tile_splits(B, H, D, dtype, backward, qat, lengths)
+    pool = [pn for pn in splits if pn[0].tile not in cat.FOUR_ROW_TILES]
     # forward: block and cluster scope first, grid scope where neither holds the shape;
     # backward: all ranked together
-    for ranked in ([splits] if backward else
-                   ([pn for pn in splits if pn[0].cluster],
-                    [pn for pn in splits if not pn[0].cluster])):
+    for ranked in ([pool] if backward else
+                   ([pn for pn in pool if pn[0].cluster],
+                    [pn for pn in pool if not pn[0].cluster])):
         if ranked:
-            return min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))[0]
+            best = min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))
+            return four_row_in_place(best, splits, D)
     itemsize = np.dtype(dtype).itemsize
     d = dev.device()
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)

@@ -832,53 +832,65 @@ def test_tile_splits_are_the_runnable_splits(monkeypatch):
 def test_the_4_row_tiles_take_only_their_8_row_siblings_places(monkeypatch):
     """The float32 tiles of 4 rows (FOUR_ROW_TILES, each an 8-row tile's sibling: the same
     cluster, packs, threads and units per thread) change a plan only where the planner
-    would run the sibling at 4 rows or fewer, and there take its split at the same rows
-    (they compute 4 of the sibling's 8 rows: the same bits, less product). Checked for
-    both passes over a grid of shapes on a stand-in sm_90 with an assumed occupancy, with
-    the tiles and without; O13's shape (B = 512, H = 128) is one such place."""
+    runs the sibling at 4 rows or fewer, and there take its split at the same rows (they
+    compute 4 of the sibling's 8 rows: the same bits, less product). Checked for both
+    passes over a grid of shapes on stand-in sm_90 devices: the H200's clusters at once
+    with 227 KiB of shared memory, the same with 99 KiB (where the 8-row sibling's split
+    of 4 rows may not fit and the 4-row tile's does), and the 4-row tiles given twice the
+    groups at once (fewer waves than their siblings); O13's shape (B = 512, H = 128) is
+    one such place on the first."""
     from types import SimpleNamespace
 
     from cugru import _plan
     cat = _catalog
-    siblings = {t: (t[0], t[1], 8, t[3], t[4]) for t in cat.FOUR_ROW_TILES}
-    assert cat.FOUR_ROW_TILES and set(siblings.values()) <= set(cat.TILES[4])
     assert set(cat.FOUR_ROW_TILES) <= set(cat.TILES[4])
+    assert set(cat.FOUR_ROW_OF) <= set(cat.TILES[4])       # (the siblings are built)
+    assert sorted(cat.FOUR_ROW_OF.values()) == sorted(cat.FOUR_ROW_TILES)
     assert not set(cat.FOUR_ROW_TILES) & set(cat.MMA_TILES)
-
-    def at_once(plan, dtype, device_id, qat=False, lengths=False):
-        if plan.cluster == 0:
-            return 132 // plan.group_blocks
-        if plan.cluster == 1:
-            return 264 if plan.threads == 256 else 132
-        return {2: 66, 4: 30, 8: 15}[plan.cluster]    # (an H200's, 9b917ce's probe)
-    monkeypatch.setattr(_plan, "groups_at_once", at_once)
-    monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
-        cc=90, smem_optin=227 * 1024, sms=132, id=0))
     full = cat.TILES[4]
     without = tuple(t for t in full if t not in cat.FOUR_ROW_TILES)
 
-    def plan(tiles, B, H, D, backward):
-        monkeypatch.setitem(cat.TILES, 4, tiles)
-        _plan._fast_plan.cache_clear()
-        return _plan.fast_plan(B, H, D, np.float32, backward)
-    moved = []
-    try:
-        for B in (1, 5, 32, 64, 96, 128, 160, 256, 512, 1024):
-            for H in (32, 64, 96, 128, 130, 256):
-                for D in (1, 2):
-                    for backward in (False, True):
-                        new = plan(full, B, H, D, backward)
-                        old = plan(without, B, H, D, backward)
-                        if new == old:
-                            continue
-                        assert new.tile in siblings and siblings[new.tile] == old.tile
-                        assert new.rows == old.rows <= 4 and new.units == old.units
-                        assert new.groups == old.groups and new.lanes == old.lanes
-                        moved.append((B, H, D, backward))
-    finally:
-        monkeypatch.setitem(cat.TILES, 4, full)
-        _plan._fast_plan.cache_clear()
-    assert (512, 128, 1, False) in moved and (512, 128, 1, True) in moved
+    def moves(smem_kib, four_factor):
+        def at_once(plan, dtype, device_id, qat=False, lengths=False):
+            if plan.cluster == 0:
+                return 132 // plan.group_blocks
+            if plan.cluster == 1:
+                return 264 if plan.threads == 256 else 132
+            n = {2: 66, 4: 30, 8: 15}[plan.cluster]    # (an H200's, 9b917ce's probe)
+            return n * four_factor if plan.tile in cat.FOUR_ROW_TILES else n
+        monkeypatch.setattr(_plan, "groups_at_once", at_once)
+        monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
+            cc=90, smem_optin=smem_kib * 1024, sms=132, id=0))
+
+        def plan(tiles, B, H, D, backward):
+            monkeypatch.setitem(cat.TILES, 4, tiles)
+            _plan._fast_plan.cache_clear()
+            return _plan.fast_plan(B, H, D, np.float32, backward)
+        moved = []
+        try:
+            for B in (1, 5, 32, 64, 96, 128, 160, 256, 512, 1024):
+                for H in (32, 64, 96, 121, 128, 130, 256):
+                    for D in (1, 2):
+                        for backward in (False, True):
+                            new = plan(full, B, H, D, backward)
+                            old = plan(without, B, H, D, backward)
+                            if new == old:
+                                continue
+                            assert cat.FOUR_ROW_OF[old.tile] == new.tile
+                            assert new.rows == old.rows <= 4 and new.units == old.units
+                            assert new.groups == old.groups and new.lanes == old.lanes
+                            moved.append((B, H, D, backward))
+        finally:
+            monkeypatch.setitem(cat.TILES, 4, full)
+            _plan._fast_plan.cache_clear()
+        return moved
+    first = moves(227, 1)
+    assert (512, 128, 1, False) in first and (512, 128, 1, True) in first
+    # (with 99 KiB the 8-row kernel's split of 4 rows at H = 128 does not fit, the 4-row
+    # tile's does: the planner runs another split, not the 4-row tile in its place)
+    small = moves(99, 1)
+    assert (512, 128, 1, False) not in small and (512, 128, 1, True) not in small
+    assert moves(227, 2)
 
 
 def test_grid_scope_waves_count_each_direction_s_slots():
