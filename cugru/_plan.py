@@ -669,7 +669,7 @@ def four_row_in_place(chosen, splits, D):
     O13 1.26-1.35x faster, docs/performance.md); else `chosen`'s plan. So a 4-row tile runs
     only where its sibling would have, on any GPU, and takes no other split's place."""
     plan, n = chosen
-    four = cat.FOUR_ROW_OF.get(plan.tile) if plan.cluster else None
+    four = cat.FOUR_ROW_OF.get(plan.tile)
     if four is None or plan.rows > four[2]:
         return plan
     for p, m in splits:

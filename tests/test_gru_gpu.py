@@ -706,9 +706,7 @@ def test_each_tile_kernel_adds_a_unit_s_lane_sums_pairwise(cp, rng, monkeypatch,
         pytest.skip("at most 2 lanes: every order gives the same sum")
 
 
-_FEWER_ROWS = [(t, next(u for u in plans.TILES[4] if u[:2] == t[:2] and u[3:] == t[3:]
-                          and u[2] == 8))
-               for t in plans.FOUR_ROW_TILES]
+_FEWER_ROWS = [(four, eight) for eight, four in _catalog.FOUR_ROW_OF.items()]
 
 
 @pytest.mark.parametrize("tile,eight", _FEWER_ROWS, ids=str)
