@@ -493,23 +493,28 @@ class TilePlan:
 
     def runs_mma(self, p):
         """Whether the pass `p` runs the MMA kernels: math="tf32" on float32 data (half
-        data runs its float32 pass), no quantization, no variable lengths, a split they hold
-        (mma_holds), their shared memory within the device's, and at grid scope as many of
-        their groups resident at once as the plan launches (a cooperative launch; the plan's
-        slots were counted for its FMA kernels)."""
-        if not MMA or p.math != "tf32" or p.qat or p.lengths is not None \
-                or not _mma_holds(self, p.ctype):
+        data runs its float32 pass), no quantization, no variable lengths (mma_applies),
+        and a split they can run with its directions on this GPU (mma_fits)."""
+        return (mma_applies(p.math, p.ctype, p.qat, p.lengths is not None)
+                and self.mma_fits(p.ctype, p.D))
+
+    def mma_fits(self, ctype, D):
+        """Whether the MMA kernels can run this split of D directions on this GPU: a split
+        they hold (mma_holds), their shared memory within the device's, and at grid scope as
+        many of their groups resident at once as the plan launches (a cooperative launch;
+        the plan's slots were counted for its FMA kernels)."""
+        if not _mma_holds(self, ctype):
             return False
         d = dev.device()
-        key = (self, p.ctype, p.D, d.id)
+        key = (self, ctype, D, d.id)
         runs = _MMA_RUNS.get(key)
         if runs is None:
             runs = max(self.smem(False, True), self.smem(True, True)) <= d.smem_optin
             if runs and not self.cluster:
-                least = min(dev.blocks_per_sm(self.kernel(p.ctype, kind, mma=True),
+                least = min(dev.blocks_per_sm(self.kernel(ctype, kind, mma=True),
                                               self.threads, self.smem(kind == "backward", True))
                             for kind in ("train", "infer", "backward"))
-                runs = d.sms * least // self.per_group // p.D >= self.slots
+                runs = d.sms * least // self.per_group // D >= self.slots
             _MMA_RUNS[key] = runs
         return runs
 
@@ -563,6 +568,14 @@ MMA = True
 #: (plan, ctype, directions, device) -> whether its passes under math="tf32" run its MMA
 #: kernels (TilePlan.runs_mma): their shared memory fits, and at grid scope their slots
 _MMA_RUNS: dict = {}
+
+
+def mma_applies(math, ctype, qat=False, lengths=False) -> bool:
+    """Whether a pass of `math` on `ctype` data (its compute type: "float" for half data)
+    runs the tile kernels' MMA instances where its split has room for them
+    (TilePlan.mma_fits): MMA on, math="tf32", float32, neither quantization-aware nor with
+    variable lengths."""
+    return MMA and math == "tf32" and ctype == "float" and not qat and not lengths
 
 
 @functools.lru_cache(maxsize=1024)
@@ -660,17 +673,24 @@ def tile_rank(plan, D, groups_at_once, backward=False):
             -plan.packs * plan.per_thread, units, plan.threads, size, plan.rows)
 
 
-def four_row_in_place(chosen, splits, D):
+def four_row_in_place(chosen, splits, D, mma_ctype=None):
     """The split fast_plan runs for its ranked choice `chosen` (a (plan, groups at once)
     pair of `splits`, tile_splits' pairs): where `chosen` is the 8-row sibling of a tile of
     cat.FOUR_ROW_TILES (the same cluster, packs, threads and units per thread) at 4 rows or
     fewer, that tile's split of the same rows where tile_splits holds it in no more waves
     (it computes 4 of the sibling's 8 rows a step: the same bits, half the product; O7 and
-    O13 1.26-1.35x faster, docs/performance.md); else `chosen`'s plan. So a 4-row tile runs
-    only where its sibling would have, on any GPU, and takes no other split's place."""
+    O13 1.26-1.35x faster in float32 strict, docs/performance.md); else `chosen`'s plan. So
+    a 4-row tile runs only where its sibling would have, on any GPU, and takes no other
+    split's place. `mma_ctype`: the pass's element type where it runs the MMA kernels
+    (mma_applies), else None; the sibling is kept where its MMA kernels run the split
+    (mma_fits): the 4-row tiles have no MMA instances, and under math="tf32" the 8-row
+    product on tensor cores was 3-7% faster on O7's and O13's inference and O13's train
+    step (tools/tiles_ab.py --math tf32, f654e02)."""
     plan, n = chosen
     four = cat.FOUR_ROW_OF.get(plan.tile)
     if four is None or plan.rows > four[2]:
+        return plan
+    if mma_ctype is not None and plan.mma_fits(mma_ctype, D):
         return plan
     for p, m in splits:
         if p.tile == four and p.rows == plan.rows and waves(p, D, m) <= waves(plan, D, n):
@@ -725,16 +745,20 @@ def _persist_resident_blocks(plan, dtype, qat=False):
 
 
 # --------------------------------------------------------------------------------- planner
-def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False):
+def fast_plan(B, H, D, dtype, backward=False, qat=False, lengths=False, math="strict"):
     """The persistent split for batch B, hidden size H and D directions on the current GPU,
     for the forward pass (or with `backward` the backward pass; both passes share every
     buffer's layout, so they may take different splits): a TilePlan where the tile kernels
     hold the shape, else a PersistPlan, or None where neither fits (then path="auto" takes
     the per-step path). `qat`: for a quantization-aware pass (occupancy then counts its
     kernels too, and a backward pass leaves out the tiles of cat.QAT_BACKWARD_LEFT_OUT).
-    `lengths`: for a pass with variable lengths (likewise, cat.LENGTHS_LEFT_OUT)."""
-    return _fast_plan(int(B), int(H), int(D), np.dtype(dtype).str, dev.device().id,
-                      bool(backward), bool(qat), bool(lengths))
+    `lengths`: for a pass with variable lengths (likewise, cat.LENGTHS_LEFT_OUT). `math`:
+    the pass's (a checked math); where it runs the MMA kernels (mma_applies) a 4-row tile
+    does not take its 8-row sibling's place (four_row_in_place)."""
+    dtype = np.dtype(dtype)
+    mma = mma_applies(math, cat.CTYPE[dtype.itemsize], qat, lengths)
+    return _fast_plan(int(B), int(H), int(D), dtype.str, dev.device().id,
+                      bool(backward), bool(qat), bool(lengths), mma)
 
 
 def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
@@ -765,7 +789,8 @@ def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False):
+def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False,
+               mma=False):
     splits = tile_splits(B, H, D, dtype, backward, qat, lengths)
     pool = [pn for pn in splits if pn[0].tile not in cat.FOUR_ROW_TILES]
     # forward: block and cluster scope first, grid scope where neither holds the shape;
@@ -775,7 +800,8 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
                     [pn for pn in pool if not pn[0].cluster])):
         if ranked:
             best = min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))
-            return four_row_in_place(best, splits, D)
+            return four_row_in_place(best, splits, D,
+                                     cat.CTYPE[np.dtype(dtype).itemsize] if mma else None)
     itemsize = np.dtype(dtype).itemsize
     d = dev.device()
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
@@ -800,23 +826,25 @@ def auto_takes(plan, B, H, D=1, backward=False):
 _CHOSEN: dict = {}
 
 
-def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False):
+def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False,
+           math="strict"):
     """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
     T and I (the sequence length and input size), path="auto" leaves the small path out.
     `qat`: for a quantization-aware pass (cugru.QuantSpec); `lengths`: for one with
-    variable lengths."""
+    variable lengths; `math`: the pass's (a checked math: fast_plan's)."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
                              "use path='auto'")
         return SMALL
-    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths)
+    mma = mma_applies(math, cat.CTYPE[dtype.itemsize], qat, lengths)
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma)
     plan = _CHOSEN.get(key)
     if plan is None:
         plan = STEPS
         if path != "steps":
-            fast = fast_plan(B, H, D, dtype, backward, qat, lengths)
+            fast = fast_plan(B, H, D, dtype, backward, qat, lengths, math)
             if fast is None and path == "fast":
                 raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                                  f"{np.dtype(dtype)} do not fit the fast path on this GPU "

@@ -56,7 +56,7 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     dt = a.x.dtype
     half = dt in HALF_DTYPES
     plan = _plan.choose(path, B, H, D, compute_dtype(dt) if half else dt, False, T, I,
-                        a.quant is not None, a.lengths is not None)
+                        a.quant is not None, a.lengths is not None, math)
     if half:
         return _half.forward(a, plan, math)
     return _passes.forward(a, plan, math)
@@ -79,7 +79,7 @@ def gru_backward(dy, dh_n, saved, *, path="auto", math=None):
     dt = dy.dtype
     half = dt in HALF_DTYPES
     plan = _plan.choose(path, B, H, D, compute_dtype(dt) if half else dt, True, T, I,
-                        saved.quant is not None, saved.lengths is not None)
+                        saved.quant is not None, saved.lengths is not None, math)
     if half:
         return _half.backward(dy, dh_n, saved, plan, math)
     return _passes.backward(dy, dh_n, saved, plan, math)

@@ -893,6 +893,55 @@ def test_the_4_row_tiles_take_only_their_8_row_siblings_places(monkeypatch):
     assert moves(227, 2)
 
 
+def test_under_tf32_the_8_row_siblings_keep_their_mma(monkeypatch):
+    """A pass that runs the MMA kernels (math="tf32" on float32 data: mma_applies) keeps
+    the 8-row sibling where it would have taken a 4-row tile (the 4-row tiles have no MMA
+    instances; under TF32 the sibling was 3-7% faster on O7 and O13, tools/tiles_ab.py
+    --math tf32). Strict passes, TF32 with the MMA kernels off (plans.use_mma(False)) and
+    float64 take the 4-row tile as before. O13's shape (B = 512, H = 128) on an H200
+    stand-in, both passes, through fast_plan and choose."""
+    from cugru import _plan
+    cat = _catalog
+    monkeypatch.setattr(_device, "device", lambda: runtime.Device(0, 132, 227 * 1024, 90))
+
+    def at_once(plan, dtype, device_id, qat=False, lengths=False):   # (as the test above)
+        if plan.cluster == 0:
+            return 132 // plan.group_blocks
+        if plan.cluster == 1:
+            return 264 if plan.threads == 256 else 132
+        return {2: 66, 4: 30, 8: 15}[plan.cluster]
+    monkeypatch.setattr(_plan, "groups_at_once", at_once)
+    monkeypatch.setattr(_plan, "_MMA_RUNS", {})
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    f32 = np.dtype(np.float32)
+    assert _plan.mma_applies("tf32", "float") and not _plan.mma_applies("strict", "float")
+    assert not _plan.mma_applies("tf32", "double")
+    assert not _plan.mma_applies("tf32", "float", qat=True)
+    assert not _plan.mma_applies("tf32", "float", lengths=True)
+    _plan._fast_plan.cache_clear()
+    try:
+        for backward in (False, True):
+            strict = plans.fast_plan(512, 128, 1, f32, backward)
+            tf32 = plans.fast_plan(512, 128, 1, f32, backward, math="tf32")
+            assert strict.tile in cat.FOUR_ROW_TILES and strict.rows == 4
+            assert cat.FOUR_ROW_OF[tf32.tile] == strict.tile and tf32.rows == strict.rows
+            assert tf32.mma_fits("float", 1)
+            assert plans.choose("auto", 512, 128, 1, f32, backward, 256, 64) == strict
+            assert plans.choose("auto", 512, 128, 1, f32, backward, 256, 64,
+                                math="tf32") == tf32
+            was = plans.use_mma(False)
+            try:
+                assert plans.fast_plan(512, 128, 1, f32, backward, math="tf32") == strict
+                assert plans.choose("auto", 512, 128, 1, f32, backward, 256, 64,
+                                    math="tf32") == strict
+            finally:
+                plans.use_mma(was)
+            f64 = plans.fast_plan(512, 128, 1, np.float64, backward, math="tf32")
+            assert f64 == plans.fast_plan(512, 128, 1, np.float64, backward)
+    finally:
+        _plan._fast_plan.cache_clear()
+
+
 def test_grid_scope_waves_count_each_direction_s_slots():
     """At grid scope a direction's groups run in its slots (at_once // D, as resident gives
     them), so the waves the ranking counts are the waves that run: B = 32, H = 257, both

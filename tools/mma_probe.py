@@ -22,9 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 #: shapes whose passes take tile kernels of 8 rows a group (MMA_TILES) on an H100, and S1,
-#: S2 beside them (one row a group: no MMA kernel); O7 and O13 take tiles of 4 rows from
-#: 9b917ce (plans.FOUR_ROW_TILES, no MMA kernel either: tools/tiles_ab.py --math tf32
-#: times them against the 8-row MMA kernels)
+#: S2 beside them (one row a group: no MMA kernel); O7 and O13 take tiles of 4 rows in
+#: strict passes (plans.FOUR_ROW_TILES, no MMA kernel) and their 8-row siblings under TF32,
+#: so here "fma" (the MMA kernels off) is the 4-row tiles there
 DEFAULT_IDS = ("S1", "S2", "S3", "S5", "S8", "O1", "O2", "O7", "O8", "O13", "A1", "A2")
 
 
@@ -67,8 +67,9 @@ def main(argv=None):
             (T, B, I, H, bi), _ = ALL[sid]
             D = 2 if bi else 1
             f32 = np.dtype(np.float32)
-            names = "; ".join(mma_label(plans, plans.choose("auto", B, H, D, f32, bw, T, I),
-                                        D) for bw in (False, True))
+            names = "; ".join(mma_label(plans, plans.choose("auto", B, H, D, f32, bw, T, I,
+                                                            math="tf32"), D)
+                              for bw in (False, True))
             base = make_problem(T, B, I, H, bi, dtype=np.float32)
             for prec in precisions:
                 dt, math, tf32 = PRECISIONS[prec]

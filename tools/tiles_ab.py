@@ -9,8 +9,10 @@ tiles named left out. Each shape whose plans differ is then timed: the train ste
 inference call on the plans without the tiles ("old"), with them ("new"), and torch.nn.GRU
 on cuDNN (FP32 strict; with --math tf32 our passes run math="tf32", where the tile
 kernels of 8 rows a group run their MMA instances, and cuDNN runs with TF32 allowed), the
-three in turn over 5 rounds (bench.timing.time_passes, device ms). The default tiles are
-plans.FOUR_ROW_TILES. (GPU and torch with CUDA needed.)
+three in turn over 5 rounds (bench.timing.time_passes, device ms). The plans are the
+strict passes' (under math="tf32" path="auto" keeps an 8-row tile whose MMA kernels run in
+place of its 4-row sibling, cugru._plan.four_row_in_place: --math tf32 times that choice).
+The default tiles are plans.FOUR_ROW_TILES. (GPU and torch with CUDA needed.)
 """
 import argparse
 import os
