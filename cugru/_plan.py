@@ -18,7 +18,7 @@ another plan than the forward pass did.
 The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
 runs the whole pass (``whole_pass``).
 
-``choose(path, B, H, D, dtype, backward, T, I, qat, lengths)`` gives the plan a call
+``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
 the per-step path, else STEPS.

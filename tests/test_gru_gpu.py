@@ -539,7 +539,7 @@ def test_backward_may_take_another_scope(cp, rng, monkeypatch):
         if tile[0] == 0) if p is not None][0]
     monkeypatch.setattr(_plan, "choose",
                         lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False,
-                        lengths=False:
+                        lengths=False, math="strict":
                         grid if backward else fwd)
     p = problem(rng, 5, 64, 4, 256, False)
     got = [cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)), path="fast")]
@@ -556,7 +556,7 @@ def test_small_path_pairs_with_the_other_plans(cp, rng, monkeypatch, other, smal
     pair = (plans.SMALL, plan) if small_first else (plan, plans.SMALL)
     monkeypatch.setattr(_plan, "choose",
                         lambda path, B, H, D, dtype, backward=False, T=0, I=0, qat=False,
-                        lengths=False:
+                        lengths=False, math="strict":
                         pair[backward])
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, p))], p, np.float64)
 
