@@ -267,3 +267,35 @@ def test_the_tiles_tool_refuses_an_unknown_shape_or_tile_before_gpu_work(capsys)
     assert ids[:2] == ["S1", "S2"] and "O13" in ids and math == "strict"
     assert tool.parse(["O7", "--tiles", "2,8,4,256,1", "--math", "tf32"]) == (
         ["O7"], {(2, 8, 4, 256, 1)}, "tf32")
+
+
+def test_the_resident_probe_names_a_shape_it_cannot_hold(capsys):
+    """tools/resident_probe.py: S10's shape takes 128 blocks of 256 threads and 209 KiB of
+    shared memory each; a batch or hidden size off its tiles, a third direction, no steps,
+    more blocks than SMs and more shared memory than a block may take are refused naming
+    the flag (argparse, exit 2, before any GPU work for the first four); its float64
+    recurrence is the cell it documents, step by step."""
+    import pytest
+    tool = _tool("resident_probe.py")
+    assert tool.check_shape(256, 512, 2, 50, 132, 227 * 1024) == 128
+    assert tool.threads() == 256 and tool.smem_bytes(512) == 214016
+    for args, named in (((100, 512, 2, 50), "--B 100"), ((256, 500, 2, 50), "--H 500"),
+                        ((256, 512, 3, 50), "--D 3"), ((256, 512, 2, 0), "--T 0"),
+                        ((512, 1024, 2, 50, 132, None), "512 blocks"),
+                        ((64, 1024, 1, 50, 132, 227 * 1024), "--H 1024: 410624 bytes")):
+        with pytest.raises(ValueError, match=named):
+            tool.check_shape(*args)
+    for argv, named in ((["--B", "65"], "--B 65"), (["--D", "0"], "--D 0")):
+        with pytest.raises(SystemExit) as e:
+            tool.main(argv)
+        assert e.value.code == 2 and named in capsys.readouterr().err
+    rng = np.random.default_rng(1)
+    h0, w = rng.uniform(-1, 1, (1, 2, 3)), rng.uniform(-1, 1, (1, 3, 9))
+    h = h0[0].copy()
+    for _ in range(2):
+        a = h @ w[0]
+        r, z = 1 / (1 + np.exp(-a[:, :3])), 1 / (1 + np.exp(-a[:, 3:6]))
+        h = (1 - z) * np.tanh(r * a[:, 6:]) + z * h
+    assert np.allclose(tool.reference(h0, w, 2)[0], h, rtol=0, atol=1e-15)
+    text = tool.source(512)
+    assert "%(" not in text and "%%" not in text and "#define HH 512" in text
