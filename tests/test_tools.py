@@ -299,3 +299,4 @@ def test_the_resident_probe_names_a_shape_it_cannot_hold(capsys):
     assert np.allclose(tool.reference(h0, w, 2)[0], h, rtol=0, atol=1e-15)
     text = tool.source(512)
     assert "%(" not in text and "%%" not in text and "#define HH 512" in text
+    assert "#define KS 2" in tool.source(512, 8, 2) and tool.threads(8, 2) == 256

@@ -1,14 +1,16 @@
 """How fast a step of a large-H recurrence can run with W_hh resident in the SMs: the floor
 of the persistent large-H design, measured on S10's shape against the per-step products.
 
-    python tools/resident_probe.py [--B 256] [--H 512] [--D 2] [--T 50]   (GPU needed)
+    python tools/resident_probe.py [--B 256] [--H 512] [--D 2] [--T 50]
+                                   [--thread-rows 4|8] [--k-split 1|2]   (GPU needed)
 
 One launch runs T steps of a GRU-shaped recurrence without input (per direction,
 a = h W_hh, r = sigmoid(a_r), z = sigmoid(a_z), n = tanh(r a_n), h = (1 - z) n + z h) on
 D * (B / 64) * (H / 32) blocks, one an SM: a block keeps its 32 units' three gate columns
 of W_hh (H x 96 floats) in shared memory for the whole launch, reads its 64 rows of h from
 L2 each step in chunks of 32 (double-buffered), computes a 4-row x 6-column tile a thread
-with float32 FMAs (strict: every product and sum in float32, in k order), applies the cell
+with float32 FMAs (strict: every product and sum in float32, in k order; with --k-split 2
+two groups of threads take half of each chunk's k and add their sums), applies the cell
 to its own tile, writes its rows of the new h and meets the other blocks of its direction
 at a barrier through global memory (an atomic counter). What it leaves out of a GRU pass:
 the input projection (one GEMM before the loop), the biases, the outputs y and the saved
@@ -17,9 +19,9 @@ gates (one store each a step); so its step is a floor for a forward pass of this
 Timed in turn (device µs a step, medians over rounds): the resident launch, the same with
 no barrier (its results then race: the product and the exchange alone), and the per-step
 product the per-step path runs (one batched cuBLAS GEMM over the directions, float32, and
-a CuPy elementwise kernel for the cell). The resident launch's result after CHECK_STEPS steps is
-checked against the same recurrence in float64 (normwise; the exit status is 1 above
-CHECK_TOL).
+a CuPy elementwise kernel for the cell). The resident launch's result after CHECK_STEPS
+steps is checked against the same recurrence in float64 (normwise; the exit status is 1
+above CHECK_TOL).
 """
 import argparse
 import os
@@ -42,10 +44,12 @@ _SOURCE = r"""
 #define TR %(thread_rows)d
 #define KC %(chunk)d
 #define HH %(H)d
-#define NT ((ROWS / TR) * (UNITS / 2))
+#define KS %(k_split)d
+#define NT1 ((ROWS / TR) * (UNITS / 2))
+#define NT (KS * NT1)
 #define NC (3 * UNITS)
 #define HP (ROWS + 4)
-#define LOADS (ROWS * KC / 4 / NT)
+#define LOADS ((ROWS * KC / 4 + NT - 1) / NT)
 
 __device__ __forceinline__ float sig(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -55,7 +59,8 @@ __device__ __forceinline__ void chunk_load(float4 (&v)[LOADS], const float* h, i
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
         const int e = threadIdx.x + i * NT, row = e / (KC / 4), q = e %% (KC / 4);
-        v[i] = __ldcg(reinterpret_cast<const float4*>(h + (long long)row * HH + kc * KC) + q);
+        if (e < ROWS * KC / 4)
+            v[i] = __ldcg(reinterpret_cast<const float4*>(h + (long long)row * HH + kc * KC) + q);
     }
 }
 
@@ -63,6 +68,7 @@ __device__ __forceinline__ void chunk_store(float* hs, const float4 (&v)[LOADS])
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
         const int e = threadIdx.x + i * NT, row = e / (KC / 4), k = (e %% (KC / 4)) * 4;
+        if (e >= ROWS * KC / 4) break;
         hs[(k + 0) * HP + row] = v[i].x;
         hs[(k + 1) * HP + row] = v[i].y;
         hs[(k + 2) * HP + row] = v[i].z;
@@ -79,7 +85,9 @@ resident_steps(const float* __restrict__ w, float* hbuf, unsigned int* counters,
     const int per_dir = (B / ROWS) * (HH / UNITS), D = gridDim.x / per_dir;
     const int d = blockIdx.x / per_dir, rem = blockIdx.x %% per_dir;
     const int r0 = rem / (HH / UNITS) * ROWS, u0 = rem %% (HH / UNITS) * UNITS;
-    const int tx = threadIdx.x %% (UNITS / 2), ty = threadIdx.x / (UNITS / 2);
+    // KS groups of threads split each chunk's k; group 0 adds the others' sums
+    const int grp = threadIdx.x / NT1, local = threadIdx.x %% NT1;
+    const int tx = local %% (UNITS / 2), ty = local / (UNITS / 2);
     for (int i = threadIdx.x; i < HH * NC; i += NT) {
         const int k = i / NC, c = i %% NC;
         ws[i] = w[((long long)d * HH + k) * 3 * HH + (c %% 3) * HH + u0 + c / 3];
@@ -103,7 +111,8 @@ resident_steps(const float* __restrict__ w, float* hbuf, unsigned int* counters,
             const float* hb = hs + (kc & 1) * KC * HP + ty * TR;
             const float* wb = ws + kc * KC * NC + tx * 6;
 #pragma unroll 8
-            for (int k = 0; k < KC; ++k) {
+            for (int kk = 0; kk < KC / KS; ++kk) {
+                const int k = grp * (KC / KS) + kk;
                 float h4[TR];
 #pragma unroll
                 for (int i = 0; i < TR; i += 4) {
@@ -122,8 +131,28 @@ resident_steps(const float* __restrict__ w, float* hbuf, unsigned int* counters,
             if (more) chunk_store(hs + ((kc + 1) & 1) * KC * HP, v);
             __syncthreads();
         }
+        if (KS == 2) {   // (through the chunks' buffers, free now: three sums at a time)
 #pragma unroll
-        for (int i = 0; i < TR; ++i) {
+            for (int half = 0; half < 2; ++half) {
+                float* red = hs + (ty * TR) * (3 * UNITS / 2) + tx * 3;
+                if (grp == 1)
+#pragma unroll
+                    for (int i = 0; i < TR; ++i)
+#pragma unroll
+                        for (int j = 0; j < 3; ++j)
+                            red[i * (3 * UNITS / 2) + j] = acc[i][3 * half + j];
+                __syncthreads();
+                if (grp == 0)
+#pragma unroll
+                    for (int i = 0; i < TR; ++i)
+#pragma unroll
+                        for (int j = 0; j < 3; ++j)
+                            acc[i][3 * half + j] += red[i * (3 * UNITS / 2) + j];
+                __syncthreads();
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TR && grp == 0; ++i) {
             const int row = ty * TR + i;
 #pragma unroll
             for (int uu = 0; uu < 2; ++uu) {
@@ -158,14 +187,15 @@ PARAMS = (("w", "ptr"), ("hbuf", "ptr"), ("counters", "ptr"), ("base", "u32"), (
           ("T", "i32"), ("barrier", "i32"))
 
 
-def source(H, thread_rows=THREAD_ROWS):
-    """The probe's CUDA source for hidden size H, `thread_rows` rows a thread (4 or 8)."""
+def source(H, thread_rows=THREAD_ROWS, k_split=1):
+    """The probe's CUDA source for hidden size H, `thread_rows` rows a thread (4 or 8) and
+    `k_split` groups of threads splitting each chunk's k (1 or 2)."""
     return _SOURCE % {"rows": ROWS, "units": UNITS, "thread_rows": thread_rows,
-                      "chunk": CHUNK, "H": H}
+                      "chunk": CHUNK, "H": H, "k_split": k_split}
 
 
-def threads(thread_rows=THREAD_ROWS):
-    return (ROWS // thread_rows) * (UNITS // 2)
+def threads(thread_rows=THREAD_ROWS, k_split=1):
+    return k_split * (ROWS // thread_rows) * (UNITS // 2)
 
 
 def smem_bytes(H):
@@ -218,6 +248,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=20, help="timed launches per round")
     ap.add_argument("--thread-rows", type=int, choices=(4, 8), default=THREAD_ROWS,
                     help="rows of a thread's tile")
+    ap.add_argument("--k-split", type=int, choices=(1, 2), default=1,
+                    help="groups of threads splitting each chunk's k (their sums added "
+                         "through shared memory)")
     args = ap.parse_args(argv)
     B, H, D, T = args.B, args.H, args.D, args.T
     try:
@@ -235,7 +268,8 @@ def main(argv=None):
         ap.error(str(e))
     from cukernels import runtime
     tr = args.thread_rows
-    raw = cp.RawKernel(source(H, tr), "resident_steps", options=("-std=c++17",))
+    ks = args.k_split
+    raw = cp.RawKernel(source(H, tr, ks), "resident_steps", options=("-std=c++17",))
     # (a cooperative launch: the driver refuses it, rather than the barrier hanging, where
     # the blocks are not all resident at once)
     kern = runtime.Kernel("resident_steps", raw, PARAMS).allow_shared(smem_bytes(H))
@@ -251,7 +285,7 @@ def main(argv=None):
     def resident(barrier=1, steps=T):
         def run():
             base = launches[0] % 2**32
-            kern.launch((blocks,), (threads(tr),),
+            kern.launch((blocks,), (threads(tr, ks),),
                         {"w": w_d, "hbuf": hbuf, "counters": counters, "base": base, "B": B,
                          "T": steps, "barrier": barrier},
                         shared_mem=smem_bytes(H), cooperative=True)
@@ -286,9 +320,9 @@ def main(argv=None):
                                     "per-step: GEMM alone": per_step_product},
                                    n_repeat=args.repeat * 3)
     flops = 2.0 * D * B * H * 3 * H
-    print(f"B = {B}, H = {H}, D = {D}, T = {T}: {blocks} blocks of {threads(tr)} threads "
-          f"({tr} rows x 2 units a thread), {smem_bytes(H)} bytes of shared memory each, on "
-          f"{props['multiProcessorCount']} SMs; the resident launch against float64 after "
+    print(f"B = {B}, H = {H}, D = {D}, T = {T}: {blocks} blocks of {threads(tr, ks)} threads "
+          f"({tr} rows x 2 units a thread, k split {ks} ways), {smem_bytes(H)} bytes of "
+          f"shared memory each, on {props['multiProcessorCount']} SMs; the resident launch against float64 after "
           f"{CHECK_STEPS} steps: normwise error {err:.2e} (h of largest magnitude "
           f"{np.abs(want).max():.2f})")
     print("| launch | µs a step | TFLOP/s of the step's product |")
