@@ -47,8 +47,8 @@ CLUSTERS = (1, 2, 4, 8)
 #: pointwise thread per unit and row of 256), so the 8-row kernels of 64 units computed 8
 #: rows a step for 4; these compute 4, half the product where the product sets a step's
 #: time (B = 512, H = 128: O7 and O13 of bench.offtable, docs/performance.md). They have no
-#: MMA instances (an mma computes 8 rows): a math="tf32" pass planned on them runs the FMA
-#: product, in float32.
+#: MMA instances (an mma computes 8 rows): a pass that runs the MMA kernels keeps the
+#: 8-row sibling where they fit its split (cugru._plan.four_row_in_place).
 FOUR_ROW_TILES = ((2, 8, 4, 256, 1), (2, 4, 4, 256, 2))
 #: each 4-row tile by its 8-row sibling (the same cluster, packs, threads and units per
 #: thread), whose place it takes (cugru._plan.four_row_in_place)

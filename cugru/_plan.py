@@ -838,7 +838,7 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
                              f"{D} direction(s)) exceed the small path's {SMALL_MAX_UNITS}; "
                              "use path='auto'")
         return SMALL
-    mma = mma_applies(math, cat.CTYPE[dtype.itemsize], qat, lengths)
+    mma = mma_applies(math, cat.CTYPE.get(dtype.itemsize), qat, lengths)
     key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma)
     plan = _CHOSEN.get(key)
     if plan is None:

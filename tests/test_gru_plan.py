@@ -829,6 +829,20 @@ def test_tile_splits_are_the_runnable_splits(monkeypatch):
     assert all(n < counts[0] for n in counts[1:])
 
 
+def _h200_at_once(four_factor=1):
+    """A stand-in for _plan.groups_at_once on an H200 (132 SMs; clusters of 2, 4 and 8 at
+    once as 9b917ce's probe found them), the 4-row tiles given `four_factor` times their
+    siblings' groups."""
+    def at_once(plan, dtype, device_id, qat=False, lengths=False):
+        if plan.cluster == 0:
+            return 132 // plan.group_blocks
+        if plan.cluster == 1:
+            return 264 if plan.threads == 256 else 132
+        n = {2: 66, 4: 30, 8: 15}[plan.cluster]
+        return n * four_factor if plan.tile in _catalog.FOUR_ROW_TILES else n
+    return at_once
+
+
 def test_the_4_row_tiles_take_only_their_8_row_siblings_places(monkeypatch):
     """The float32 tiles of 4 rows (FOUR_ROW_TILES, each an 8-row tile's sibling: the same
     cluster, packs, threads and units per thread) change a plan only where the planner
@@ -847,18 +861,14 @@ def test_the_4_row_tiles_take_only_their_8_row_siblings_places(monkeypatch):
     assert set(cat.FOUR_ROW_OF) <= set(cat.TILES[4])       # (the siblings are built)
     assert sorted(cat.FOUR_ROW_OF.values()) == sorted(cat.FOUR_ROW_TILES)
     assert not set(cat.FOUR_ROW_TILES) & set(cat.MMA_TILES)
+    # (cluster scope: TilePlan.mma_fits, asked for their siblings while planning, then
+    # reads the shared memory alone and compiles nothing)
+    assert all(t[0] > 0 for t in cat.FOUR_ROW_TILES)
     full = cat.TILES[4]
     without = tuple(t for t in full if t not in cat.FOUR_ROW_TILES)
 
     def moves(smem_kib, four_factor):
-        def at_once(plan, dtype, device_id, qat=False, lengths=False):
-            if plan.cluster == 0:
-                return 132 // plan.group_blocks
-            if plan.cluster == 1:
-                return 264 if plan.threads == 256 else 132
-            n = {2: 66, 4: 30, 8: 15}[plan.cluster]    # (an H200's, 9b917ce's probe)
-            return n * four_factor if plan.tile in cat.FOUR_ROW_TILES else n
-        monkeypatch.setattr(_plan, "groups_at_once", at_once)
+        monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once(four_factor))
         monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(
             cc=90, smem_optin=smem_kib * 1024, sms=132, id=0))
 
@@ -903,14 +913,7 @@ def test_under_tf32_the_8_row_siblings_keep_their_mma(monkeypatch):
     from cugru import _plan
     cat = _catalog
     monkeypatch.setattr(_device, "device", lambda: runtime.Device(0, 132, 227 * 1024, 90))
-
-    def at_once(plan, dtype, device_id, qat=False, lengths=False):   # (as the test above)
-        if plan.cluster == 0:
-            return 132 // plan.group_blocks
-        if plan.cluster == 1:
-            return 264 if plan.threads == 256 else 132
-        return {2: 66, 4: 30, 8: 15}[plan.cluster]
-    monkeypatch.setattr(_plan, "groups_at_once", at_once)
+    monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
     monkeypatch.setattr(_plan, "_MMA_RUNS", {})
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     f32 = np.dtype(np.float32)

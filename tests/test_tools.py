@@ -274,7 +274,7 @@ def test_the_resident_probe_names_a_shape_it_cannot_hold(capsys):
     shared memory each; a batch or hidden size off its tiles, a third direction, no steps,
     more blocks than SMs and more shared memory than a block may take are refused naming
     the flag (argparse, exit 2, before any GPU work for the first four); its float64
-    recurrence is the cell it documents, step by step."""
+    recurrence is cugru's GRU with no input and no biases, W_hh its w transposed."""
     import pytest
     tool = _tool("resident_probe.py")
     assert tool.check_shape(256, 512, 2, 50, 132, 227 * 1024) == 128
@@ -289,14 +289,16 @@ def test_the_resident_probe_names_a_shape_it_cannot_hold(capsys):
         with pytest.raises(SystemExit) as e:
             tool.main(argv)
         assert e.value.code == 2 and named in capsys.readouterr().err
+    # the recurrence is cugru's GRU with no input and no biases, W_hh = w transposed
+    import cugru
     rng = np.random.default_rng(1)
-    h0, w = rng.uniform(-1, 1, (1, 2, 3)), rng.uniform(-1, 1, (1, 3, 9))
-    h = h0[0].copy()
-    for _ in range(2):
-        a = h @ w[0]
-        r, z = 1 / (1 + np.exp(-a[:, :3])), 1 / (1 + np.exp(-a[:, 3:6]))
-        h = (1 - z) * np.tanh(r * a[:, 6:]) + z * h
-    assert np.allclose(tool.reference(h0, w, 2)[0], h, rtol=0, atol=1e-15)
+    D, B, H, T = 2, 3, 4, 5
+    h0, w = rng.uniform(-1, 1, (D, B, H)), rng.uniform(-1, 1, (D, H, 3 * H))
+    zeros = np.zeros((D, 3 * H))
+    _, h_n, _ = cugru.gru_forward(np.zeros((T, B, 1)), h0, np.zeros((D, 3 * H, 1)),
+                                  w.transpose(0, 2, 1).copy(), zeros, zeros,
+                                  bidirectional=True, training=False)
+    assert np.allclose(tool.reference(h0, w, T), h_n, rtol=0, atol=1e-12)
     text = tool.source(512)
     assert "%(" not in text and "%%" not in text and "#define HH 512" in text
     assert "#define KS 2" in tool.source(512, 8, 2) and tool.threads(8, 2) == 256

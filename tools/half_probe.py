@@ -48,7 +48,7 @@ def pieces(shape, torch):
     T, B, I, H, bi = shape
     D = 2 if bi else 1
     f32 = np.dtype(np.float32)
-    plan = _plan.choose("auto", B, H, D, f32, False, T, I)
+    plan = _plan.choose("auto", B, H, D, f32, False, T, I, math="tf32")
     out = {}
     for dt in (np.float32, np.float16):
         name = np.dtype(dt).name

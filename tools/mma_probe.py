@@ -5,12 +5,13 @@
 For each shape (bench.paths' ids: S1-S10, O1-O16, A1-A6) and precision (bench.dtypes'
 names: tf32 is float32 data with math="tf32", float16 and bfloat16 their data with the
 default math, "tf32"): the device ms of path="auto"'s train step and inference with the
-MMA kernels (plans.use_mma(True), what a call runs), without them (the same plans on their
-FMA kernels, the products outside the recurrence on tensor cores as before), and of
+MMA kernels (plans.use_mma(True), what a call runs), without them (the plans' FMA kernels,
+the products outside the recurrence on tensor cores as before; the same plans but where an
+8-row tile has a 4-row sibling, which the planner then takes: O7 and O13), and of
 torch.nn.GRU on cuDNN in that precision, the three timed in turn over rounds
 (bench.timing.time_passes). Ours run eagerly in both ways (plans.use_graphs(False)), so the
 two differ in the recurrence's kernels alone. Each line names the forward and backward
-plans and marks those whose passes run the MMA kernels.
+plans of the MMA way and marks those whose passes run the MMA kernels.
 """
 import os
 import sys
