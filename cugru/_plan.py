@@ -792,6 +792,8 @@ def tile_splits(B, H, D, dtype, backward=False, qat=False, lengths=False):
 def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=False,
                mma=False):
     splits = tile_splits(B, H, D, dtype, backward, qat, lengths)
+    itemsize = np.dtype(dtype).itemsize
+    mma_ctype = cat.CTYPE[itemsize] if mma else None
     pool = [pn for pn in splits if pn[0].tile not in cat.FOUR_ROW_TILES]
     # forward: block and cluster scope first, grid scope where neither holds the shape;
     # backward: all ranked together
@@ -800,9 +802,7 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
                     [pn for pn in pool if not pn[0].cluster])):
         if ranked:
             best = min(ranked, key=lambda pn: tile_rank(pn[0], D, pn[1], backward))
-            return four_row_in_place(best, splits, D,
-                                     cat.CTYPE[np.dtype(dtype).itemsize] if mma else None)
-    itemsize = np.dtype(dtype).itemsize
+            return four_row_in_place(best, splits, D, mma_ctype)
     d = dev.device()
     plans = {p for p in (persist_split(B, H, D, n, itemsize, d.smem_optin)
                          for n in range(1, H + 1)) if p is not None}

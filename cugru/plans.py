@@ -57,9 +57,9 @@ def use_mma(on: bool) -> bool:
     (MMA_TILES; on by default), or keep it to their FMA instances (the products outside the
     recurrence still on tensor cores), for a benchmark's comparison. Off, the planner plans
     TF32 passes as strict ones (a 4-row tile then takes its 8-row sibling's place, as in
-    four_row_in_place). Returns the setting
-    before; a change drops the CUDA graphs kept (they name the kernels they launch), so set
-    it between calls, not while another thread runs one."""
+    four_row_in_place). Returns the setting before; a change drops the CUDA graphs kept
+    (they name the kernels they launch), so set it between calls, not while another thread
+    runs one."""
     if not isinstance(on, bool):
         raise TypeError(f"on must be True or False, got {on!r}")
     from . import _plan
