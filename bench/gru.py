@@ -315,11 +315,16 @@ def cpu_fallback(p, torch, repeat=3):
 
 def auto_paths(T, B, I, H, D):
     """What path="auto" runs in float32 on this GPU: [forward, backward], each "fast",
-    "steps" (the labels of OURS) or "small" (timed as path="auto" itself)."""
+    "steps" (the labels of OURS), "small" or "resident" (those two timed as path="auto"
+    itself)."""
     from cugru import plans
     f32 = np.dtype(np.float32)
-    return [{plans.STEPS: "steps", plans.SMALL: "small"}.get(
-        plans.choose("auto", B, H, D, f32, back, T, I), "fast") for back in (False, True)]
+    out = []
+    for back in (False, True):
+        plan = plans.choose("auto", B, H, D, f32, back, T, I)
+        out.append({plans.STEPS: "steps", plans.SMALL: "small"}.get(plan) or (
+            "resident" if plan.scope == "resident" else "fast"))
+    return out
 
 
 def run(shape_ids, repeat, cpu=True):

@@ -5,10 +5,11 @@ beside the tiles' edges (H not a multiple of the 16-byte pack next to one that i
 
     python -m bench.paths [--shapes S1,O1,A1,...] [--dtypes float32,float64] [--repeat N] [--json FILE]
 
-For each shape and pass (train step, inference): the device time of path="auto", "steps"
-and "fast" (fast_plan's split, where one fits), timed in turn over ROUNDS rounds (the
-median of the rounds), the plan each runs, and auto's time over the fastest of the three.
-A shape where auto is more than SLACK slower is listed.
+For each shape and pass (train step, inference): the device time of path="auto", "steps",
+"fast" (fast_plan's split, where one fits) and "resident" (the resident forward kernel,
+where a split fits; its backward pass per step), timed in turn over ROUNDS rounds (the
+median of the rounds), the plan each runs, and auto's time over the fastest of them. A
+shape where auto is more than SLACK slower is listed.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ EDGES = {
     "A6": ((100, 8, 64, 260, False), "H = 260, B = 8: beside A5, aligned"),
 }
 ALL = {**{k: (v, "S1-S10") for k, v in SHAPES.items()}, **OFF_TABLE, **EDGES}
-PATHS = ("auto", "steps", "fast")
+PATHS = ("auto", "steps", "fast", "resident")
 
 
 def probe_args(doc, default_ids, argv, extra=()):
@@ -81,6 +82,8 @@ def plan_name(plan) -> str:
         return "steps"
     if isinstance(plan, plans.PersistPlan):
         return f"persist({plan.blocks} blocks)"
+    if isinstance(plan, plans.ResidentPlan):
+        return f"resident({plan.rows}x{plan.units}, k/{plan.k_split}, {plan.blocks} blocks)"
     return f"tile({plan.scope}, {plan.tile}, {plan.units} units)"
 
 
@@ -109,7 +112,7 @@ def run(ids, repeat, dtypes=("float32",)):
             for path in PATHS:
                 names = plans_of(path, T, B, I, H, D, dt)
                 row[f"{path} plans"] = names
-                if names is not None:        # (path="fast" where no split fits)
+                if names is not None:   # (path="fast" or "resident" where no split fits)
                     calls[path] = ours_calls(p, cp, path)
             # (the paths in turn, over rounds: auto and a path running the same plan are
             # then timed over the same stretches of a host whose pace drifts)
@@ -156,21 +159,22 @@ def slower(rows):
 
 def markdown(rows):
     out = ["Our paths on each shape, device time, ms (auto / best: path='auto' over the fastest "
-           "of the three); plans forward | backward", "",
-           "| id | T, B, I, H, bi | dtype | auto plans | train: auto | steps | fast | "
-           "auto / best | inference: auto | steps | fast | auto / best | fast plans |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "of them); plans forward | backward", "",
+           "| id | T, B, I, H, bi | dtype | auto plans | train: auto | steps | fast | resident | "
+           "auto / best | inference: auto | steps | fast | resident | auto / best | fast plans "
+           "| resident plan |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(r, key):
         return f"{r[key]:.3f}" if key in r else "-"
     for r in rows:
         auto = " \\| ".join(r["auto plans"])
         fast = " \\| ".join(r["fast plans"]) if r["fast plans"] else "none fits"
-        out.append(f"| {r['id']} | {', '.join(map(str, r['shape']))} | {r['dtype']} | {auto} | "
-                   f"{ms(r, 'auto train ms')} | {ms(r, 'steps train ms')} | "
-                   f"{ms(r, 'fast train ms')} | {over_best(r, 'train'):.2f} | "
-                   f"{ms(r, 'auto infer ms')} | {ms(r, 'steps infer ms')} | "
-                   f"{ms(r, 'fast infer ms')} | {over_best(r, 'infer'):.2f} | {fast} |")
+        res = r["resident plans"][0] if r.get("resident plans") else "none fits"
+        cells = [r["id"], ", ".join(map(str, r["shape"])), r["dtype"], auto]
+        for kind in ("train", "infer"):
+            cells += [ms(r, f"{p} {kind} ms") for p in PATHS] + [f"{over_best(r, kind):.2f}"]
+        out.append("| " + " | ".join(cells + [fast, res]) + " |")
     return out + ["", f"Where auto is more than {SLACK}x the fastest of our paths:"] \
         + (slower(rows) or ["- none"])
 

@@ -8,6 +8,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_tail.cu     the backward tail's sums: chunks, biases      (every backward pass)
     gru_quant.cu    the fake quantizers of weights, x and h0     (quantization-aware calls)
     gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
+    gru_resident.cu W_hh over all SMs, a forward pass a launch    (ResidentPlan)
     gru_cast.cu     float16 and bfloat16 data to float32 and back (cugru/_half.py)
     gru_probes.cu   barriers alone, for the benchmark
 
@@ -98,6 +99,17 @@ TILE_AHEAD = 8
 #: the most threads a tile kernel's block has (GRU_TILE_MAX_THREADS)
 TILE_MAX_THREADS = max(t[3] for tiles in TILES.values() for t in tiles)
 
+#: the resident forward kernel (gru_resident.cu): threads per block, the k of a chunk of h
+#: staged in shared memory, the padding of a chunk's rows there (a multiple of 4 floats:
+#: 16-byte loads), batch rows per thread (GRU_RESIDENT_THREADS, _CHUNK, _ROW_PAD, _THREAD_ROWS)
+RESIDENT_THREADS = 256
+RESIDENT_CHUNK = 32
+RESIDENT_ROW_PAD = 4
+RESIDENT_THREAD_ROWS = 4
+#: the resident kernels built: (batch rows, units, groups of threads splitting k) a block;
+#: each fills RESIDENT_THREADS threads of RESIDENT_THREAD_ROWS rows x 2 units per group
+RESIDENT_SPLITS = ((64, 32, 1), (64, 16, 2), (32, 16, 4))
+
 #: the bias sums of few rows (gru_bias_sums): a block takes BIAS_COLS columns of the gate
 #: gradients, and BIAS_LANES threads share each column's rows (GRU_BIAS_COLS, GRU_BIAS_LANES)
 BIAS_COLS = 32
@@ -112,6 +124,8 @@ DEFINES = {
     "gru_tail.cu": ("BIAS_COLS", "BIAS_LANES"),
     "gru_quant.cu": ("QUANT_THREADS",),
     "gru_small.cu": (),
+    "gru_resident.cu": ("RESIDENT_THREADS", "RESIDENT_CHUNK", "RESIDENT_ROW_PAD",
+                        "RESIDENT_THREAD_ROWS"),
     "gru_cast.cu": ("CAST_ARRAYS",),
     "gru_probes.cu": ("PERSIST_THREADS", "TILE_MAX_THREADS"),
 }
@@ -228,6 +242,24 @@ def tile_has(ctype, tile, kind, qat=False, lengths=False, mma=False):
 
 
 @functools.lru_cache(maxsize=None)
+def resident_forward(split, train):
+    """The resident forward kernel of `split` (a RESIDENT_SPLITS entry): float32 only."""
+    rows, units, k_split = split
+    return f"gru_resident_forward<{rows},{units},{k_split},{_BOOL[bool(train)]}>"
+
+
+def resident_smem(split, H):
+    """Bytes of shared memory a block of the resident kernel of `split` takes at hidden size
+    H: its W_hh columns (k rounded up to a chunk), two chunks of h and groups 1..'s sums."""
+    rows, units, k_split = split
+    hk = -(-H // RESIDENT_CHUNK) * RESIDENT_CHUNK
+    group = RESIDENT_THREADS // k_split
+    floats = hk * 3 * units + 2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD) \
+        + (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group
+    return floats * 4
+
+
+@functools.lru_cache(maxsize=None)
 def sum_chunks(ctype):
     return f"gru_sum_chunks<{ctype}>"
 
@@ -334,6 +366,8 @@ INSTANCES = {
     "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),
+    "gru_resident.cu": lambda: {"float": tuple(resident_forward(s, t) for s in RESIDENT_SPLITS
+                                               for t in (False, True))},
     "gru_cast.cu": lambda: {"cast": tuple(n for f in HALF_FORMATS
                                           for n in (widen(f), narrow(f)))},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)

@@ -14,6 +14,9 @@ another plan than the forward pass did.
                  blocks meeting at a counter ("grid" scope) (gru_tile.cu)
     SmallPlan    the whole pass (input projection or gradient tail included) in one launch
                  of one block, for shapes where a call costs its launches (gru_small.cu)
+    ResidentPlan the forward recurrence in one launch over many SMs, each block keeping
+                 its units' columns of W_hh in shared memory and computing a tile of batch
+                 rows x units (gru_resident.cu); its backward pass runs per step
 
 The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
 runs the whole pass (``whole_pass``).
@@ -21,7 +24,8 @@ runs the whole pass (``whole_pass``).
 ``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
-the per-step path, else STEPS.
+the per-step path, else for a forward pass a ResidentPlan where ``resident_plan`` finds
+one whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
 """
 from __future__ import annotations
 
@@ -60,6 +64,12 @@ PERSIST_STAGE_BYTES = 96 * 1024
 #: (PERSIST_FMA_LATENCY each); every block stages its direction's whole vector from L2, at
 #: about PERSIST_L2_BYTES_PER_CYCLE for the whole chip; a barrier across blocks costs about
 #: PERSIST_BARRIER_CYCLES.
+#: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
+#: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
+#: for nothing). Measured on an H200 (tools/resident_ab.py, docs/performance.md): with every
+#: row used (S9, S10) the resident forward pass took 8-16% less time than the per-step
+#: path's; with 25% of rows empty (O14) and more (O3, A3, O5) it took 12-31% more
+RESIDENT_AUTO_MAX_EMPTY = 0.0
 PERSIST_LDS_CYCLES = 4
 PERSIST_FMA_LATENCY = 4
 PERSIST_L2_BYTES_PER_CYCLE = 3000
@@ -401,6 +411,87 @@ def persist_cost(plan, B, H, D, itemsize=4):
                   PERSIST_FMA_LATENCY * H)                          # one accumulator's chain
     stage = plan.blocks * D * B * H * itemsize / PERSIST_L2_BYTES_PER_CYCLE
     return product + stage + (PERSIST_BARRIER_CYCLES if plan.blocks > 1 else 0)
+
+
+# -------------------------------------------------------------------------------- resident
+@dataclass(frozen=True)
+class ResidentPlan:
+    """The resident forward kernel's split (gru_resident.cu): blocks of `rows` batch rows x
+    `units` hidden units, `k_split` groups of threads splitting the product's k, `blocks`
+    blocks per direction, `smem` bytes of dynamic shared memory a block. The forward pass
+    only (float32, strict, no quantization, no lengths): its backward pass runs per step
+    (STEPS), from the history the forward pass keeps in the shared layout."""
+    rows: int
+    units: int
+    k_split: int
+    blocks: int
+    smem: int
+    scope = "resident"
+    writes_h_n = False
+    whole_pass = False
+    captures = False        # (each pass allocates its barrier counters)
+
+    @property
+    def split(self):
+        return (self.rows, self.units, self.k_split)
+
+    def kernel(self, training):
+        """The forward kernel (`training`: the one that keeps the history), allowed its
+        shared memory."""
+        name = cat.resident_forward(self.split, training)
+        return dev.shared(dev.kernel("gru_resident.cu", name), self.smem)
+
+    def forward(self, loop, p):
+        cp = dev.cupy()
+        loop.launch(self.kernel(p.training), (self.blocks, p.D), (cat.RESIDENT_THREADS,),
+                    {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
+                     "y": p.y, "gates": p.y if p.gates is None else p.gates,
+                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
+                     "S": p.S},
+                    shared_mem=self.smem, cooperative=True)
+
+    @staticmethod
+    def backward(loop, p):
+        STEPS.backward(loop, p)
+
+
+def resident_split(B, H, D, sms, smem_limit):
+    """The ResidentPlan for batch B, hidden size H and D directions on a GPU of `sms` SMs
+    and `smem_limit` bytes of shared memory a block, or None where no split of
+    cat.RESIDENT_SPLITS fits: every block of both directions on an SM of its own (a block
+    takes most of an SM's shared memory) at once. Of those that fit, the least work a
+    thread per step (k over the groups splitting it), then the fewest blocks."""
+    best = None
+    for split in cat.RESIDENT_SPLITS:
+        rows, units, k_split = split
+        blocks = -(-B // rows) * -(-H // units)
+        smem = cat.resident_smem(split, H)
+        if D * blocks > sms or smem > smem_limit:
+            continue
+        key = (-(-H // cat.RESIDENT_CHUNK) / k_split, blocks)
+        if best is None or key < best[0]:
+            best = (key, ResidentPlan(rows, units, k_split, blocks, smem))
+    return None if best is None else best[1]
+
+
+def resident_applies(dtype, qat=False, lengths=False, math="strict") -> bool:
+    """Whether the resident kernel may run a forward pass: float32 data (half data computes
+    in float32) under math="strict", without quantization or lengths."""
+    return np.dtype(dtype).itemsize == 4 and math == "strict" and not qat and not lengths
+
+
+def resident_empty(plan, B):
+    """The share of the plan's blocks' batch rows that lie beyond B."""
+    return 1 - B / (-(-B // plan.rows) * plan.rows)
+
+
+def resident_plan(B, H, D, dtype, qat=False, lengths=False, math="strict"):
+    """The resident split of a forward pass on the current GPU (resident_split), or None
+    where the kernel does not apply (resident_applies) or no split fits."""
+    if not resident_applies(dtype, qat, lengths, math):
+        return None
+    d = dev.device()
+    return resident_split(int(B), int(H), int(D), d.sms, d.smem_optin)
 
 
 # ------------------------------------------------------------------------------------ tile
@@ -828,10 +919,11 @@ _CHOSEN: dict = {}
 
 def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False,
            math="strict"):
-    """The plan a call runs (a checked `path`): SMALL, STEPS, or a persistent plan. Without
-    T and I (the sequence length and input size), path="auto" leaves the small path out.
-    `qat`: for a quantization-aware pass (cugru.QuantSpec); `lengths`: for one with
-    variable lengths; `math`: the pass's (a checked math: fast_plan's)."""
+    """The plan a call runs (a checked `path`): SMALL, STEPS, a persistent plan or, for a
+    forward pass, a ResidentPlan. Without T and I (the sequence length and input size),
+    path="auto" leaves the small path out. `qat`: for a quantization-aware pass
+    (cugru.QuantSpec); `lengths`: for one with variable lengths; `math`: the pass's (a
+    checked math: fast_plan's)."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
@@ -839,18 +931,38 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
                              "use path='auto'")
         return SMALL
     mma = mma_applies(math, cat.CTYPE.get(dtype.itemsize), qat, lengths)
-    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma)
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma, math)
     plan = _CHOSEN.get(key)
     if plan is None:
-        plan = STEPS
-        if path != "steps":
-            fast = fast_plan(B, H, D, dtype, backward, qat, lengths, math)
-            if fast is None and path == "fast":
-                raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
-                                 f"{np.dtype(dtype)} do not fit the fast path on this GPU "
-                                 "(docs/gru-design.md lists its limits); use path='auto' or "
-                                 "'steps'")
-            if path == "fast" or auto_takes(fast, B, H, D, backward):
-                plan = fast
+        plan = _chosen(path, B, H, D, dtype, backward, qat, lengths, math)
         _CHOSEN[key] = plan
     return plan
+
+
+def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
+    if path == "resident":
+        if backward:
+            return STEPS
+        plan = resident_plan(B, H, D, dtype, qat, lengths, math)
+        if plan is None:
+            raise ValueError(
+                f"path='resident': B = {B}, H = {H}, {D} direction(s) in {np.dtype(dtype)} "
+                f"under math={math!r}{' with quant' * bool(qat)}"
+                f"{' with lengths' * bool(lengths)} do not fit the resident kernel on this "
+                "GPU (float32 or half data, math='strict', no quant or lengths, and a split "
+                "of cugru.plans.RESIDENT_SPLITS within its SMs); use path='auto' or 'steps'")
+        return plan
+    if path == "steps":
+        return STEPS
+    fast = fast_plan(B, H, D, dtype, backward, qat, lengths, math)
+    if fast is None and path == "fast":
+        raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
+                         f"{np.dtype(dtype)} do not fit the fast path on this GPU "
+                         "(docs/gru-design.md lists its limits); use path='auto' or 'steps'")
+    if path == "fast" or auto_takes(fast, B, H, D, backward):
+        return fast
+    if not backward:
+        plan = resident_plan(B, H, D, dtype, qat, lengths, math)
+        if plan is not None and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
+            return plan
+    return STEPS

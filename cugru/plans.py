@@ -19,19 +19,24 @@ from . import _device, _passes
 from ._args import HALF_DTYPES, backward_args, check_math, forward_args
 from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA graphs)
 from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noqa: F401
-                       PERSIST_THREADS, TILE_AHEAD, TILES, mma_warps, tile_has, tile_runs_on)
+                       PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
+                       mma_warps, resident_smem, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
-                    PERSIST_AUTO_MIN_ROWS, SMALL, SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS,
-                    STEPS, PersistPlan, SmallPlan, StepsPlan, TilePlan, auto_takes, choose,
-                    fast_plan, groups_at_once, persist_cost, persist_split, resident,
-                    small_chain, small_takes, tile_rank, tile_split, tile_splits, waves)
+                    PERSIST_AUTO_MIN_ROWS, RESIDENT_AUTO_MAX_EMPTY, SMALL,
+                    SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, ResidentPlan,
+                    SmallPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan,
+                    groups_at_once, persist_cost, persist_split, resident, resident_applies,
+                    resident_empty, resident_plan, resident_split, small_chain, small_takes,
+                    tile_rank, tile_split, tile_splits, waves)
 
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
            "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
-           "small_chain", "small_takes", "StepsPlan",
+           "small_chain", "small_takes", "StepsPlan", "ResidentPlan", "RESIDENT_SPLITS",
+           "RESIDENT_THREADS", "RESIDENT_AUTO_MAX_EMPTY", "resident_empty", "resident_smem",
+           "resident_applies", "resident_plan", "resident_split",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
            "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",

@@ -280,23 +280,30 @@ def test_the_paths_report_names_each_shape_where_auto_is_not_the_fastest():
     assert {"S1", "O1", "A1"} <= set(paths.ALL) and paths.SLACK > 1
     assert all(H % 4 for (_, _, _, H, _), _ in (paths.EDGES["A3"], paths.EDGES["A5"]))
 
-    def row(sid, auto, steps, fast):
+    def row(sid, auto, steps, fast, resident=None):
         r = {"id": sid, "shape": [1, 2, 3, 4, False], "why": "w", "dtype": "float32",
              "auto plans": ("tile", "steps"), "steps plans": ("steps", "steps"),
-             "fast plans": ("tile", "tile") if fast else None}
-        for path, t in (("auto", auto), ("steps", steps), ("fast", fast)):
+             "fast plans": ("tile", "tile") if fast else None,
+             "resident plans": ("resident(64x32)", "steps") if resident else None}
+        for path, t in (("auto", auto), ("steps", steps), ("fast", fast),
+                        ("resident", resident)):
             if t:
                 r[f"{path} train ms"], r[f"{path} infer ms"] = t, t / 2
         return r
-    rows = [row("O1", 1.0, 2.0, 1.0), row("O2", 1.2, 1.0, 1.1), row("O3", 1.0, 1.02, None)]
+    rows = [row("O1", 1.0, 2.0, 1.0), row("O2", 1.2, 1.0, 1.1), row("O3", 1.0, 1.02, None),
+            row("O5", 1.0, 1.1, None, 0.5)]
     lines = paths.markdown(rows)
-    assert sum(ln.startswith("| O") for ln in lines) == 3
+    assert sum(ln.startswith("| O") for ln in lines) == 4
     o3, = [ln for ln in lines if ln.startswith("| O3 ")]
-    assert o3.startswith("| O3 | 1, 2, 3, 4, False | float32 | tile \\| steps | 1.000 | 1.020 "
-                         "| - | 1.00 | 0.500 | 0.510 | - | 1.00 | none fits |")
+    assert o3 == ("| O3 | 1, 2, 3, 4, False | float32 | tile \\| steps | 1.000 | 1.020 | - | - "
+                  "| 1.00 | 0.500 | 0.510 | - | - | 1.00 | none fits | none fits |")
+    o5, = [ln for ln in lines if ln.startswith("| O5 ")]
+    assert o5.endswith("| 0.250 | 2.00 | none fits | resident(64x32) |")
     assert lines[lines.index("Where auto is more than 1.05x the fastest of our paths:") + 1:] \
         == ["- O2 float32 train: auto 1.20x the time of path='steps'",
-            "- O2 float32 infer: auto 1.20x the time of path='steps'"]
+            "- O2 float32 infer: auto 1.20x the time of path='steps'",
+            "- O5 float32 train: auto 2.00x the time of path='resident'",
+            "- O5 float32 infer: auto 2.00x the time of path='resident'"]
     assert paths.markdown(rows[:1])[-1] == "- none"
     # a faster path that runs auto's very plans (as JSON gives them back: lists) is said to
     same = row("O4", 1.2, 2.0, 1.0)

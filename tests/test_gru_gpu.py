@@ -796,6 +796,64 @@ def test_persist_kernels_in_one_block_and_across_blocks(cp, poison, rng, monkeyp
     _check(_run_plan(cp, monkeypatch, p, np.float32, plan), p, np.float32)
 
 
+def _resident_top(cp, split):
+    """The largest H whose W_hh columns a block of `split` holds on this GPU."""
+    smem = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    H = 1
+    while _catalog.resident_smem(split, H + 1) <= smem:
+        H += 1
+    return H
+
+
+# per split: B and H one beyond a block's rows and units (H odd: rows read an element at a
+# time), B = 1 with H 2 below two blocks' units (H not a multiple of 4), whole blocks (H a
+# multiple of 4: 16-byte rows), and the largest H the GPU's shared memory holds ("top")
+_RESIDENT_CASES = [(split, case) for split in plans.RESIDENT_SPLITS
+                   for case in ("beyond", "one_row", "whole", "top")]
+
+
+@pytest.mark.parametrize("split,case", _RESIDENT_CASES,
+                         ids=[f"{'x'.join(map(str, s))}_{c}" for s, c in _RESIDENT_CASES])
+def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch, split, case):
+    """The resident forward kernel of each split (ResidentPlan; its backward pass per step,
+    from the history it keeps) against the oracle: both directions (one at the largest H),
+    at B and H beside its blocks' edges; inference gives the training pass's bits, and a
+    second run the same bits."""
+    rows, units, k_split = split
+    T, I, D = 5, 3, 2
+    B, H = {"beyond": (rows + 1, units + 1), "one_row": (1, 2 * units - 2),
+            "whole": (rows, 4 * units)}.get(case, (2, None))
+    if case == "top":
+        H, D = _resident_top(cp, split), 1
+    blocks = -(-B // rows) * -(-H // units)
+    assert D * blocks <= cp.cuda.Device().attributes["MultiProcessorCount"]
+    plan = plans.ResidentPlan(rows, units, k_split, blocks, _catalog.resident_smem(split, H))
+    p = problem(rng, T, B, I, H, D == 2)
+    got = _run_plan(cp, monkeypatch, p, np.float32, plan)
+    _check(got, p, np.float32)
+    g = to_gpu(cp, cast(p, np.float32))
+    y, hn, _ = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=D == 2,
+                                 training=False, path="fast")
+    assert np.array_equal(y.get(), got[0]) and np.array_equal(hn.get(), got[1])
+    again = [cp.asnumpy(a) for a in run(g, path="fast")]
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+def test_auto_runs_the_resident_forward_on_s10_s_shape(cp, rng):
+    """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the resident
+    kernel forward and the per-step path backward on this GPU (where a split fits), and
+    gives the oracle's results, float64 the per-step path's."""
+    T, B, I, H = 3, 256, 7, 512
+    f32 = np.dtype(np.float32)
+    plan = plans.choose("auto", B, H, 2, f32, False, T, I)
+    if plans.resident_plan(B, H, 2, f32) is None:
+        pytest.skip("no resident split fits this GPU")
+    assert isinstance(plan, plans.ResidentPlan), plan
+    assert plans.choose("auto", B, H, 2, f32, True, T, I) is plans.STEPS
+    p = problem(rng, T, B, I, H, True)
+    _check([cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))], p, np.float32)
+
+
 @pytest.mark.parametrize("dtype,top", [(np.float32, 256), (np.float64, 128)], ids=["f32", "f64"])
 def test_fast_path_on_both_sides_of_the_cluster_scope_limit(cp, rng, dtype, top):
     for H, scope in ((top, "cluster"), (top + 1, "grid")):
@@ -853,7 +911,8 @@ def _fits_small(sid):
 
 
 # (the small path on the shapes it holds: S6 and S7, its longest serial sums)
-CUDNN_CASES = [(sid, path) for sid in CUDNN_SHAPES for path in ("steps", "fast", "small")
+CUDNN_CASES = [(sid, path) for sid in CUDNN_SHAPES
+               for path in ("steps", "fast", "small", "resident")
                if path != "small" or _fits_small(sid)]
 
 
@@ -863,6 +922,8 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid,
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
     T, B, I, H, bi = BENCH_SHAPES[sid]
+    if path == "resident" and plans.resident_plan(B, H, 2 if bi else 1, np.float32) is None:
+        pytest.skip(f"no resident split holds {sid} on this GPU")
     p = problem(np.random.default_rng(int(sid[1:])), T, B, I, H, bi)
     allow = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
@@ -878,6 +939,10 @@ def test_float32_is_as_accurate_as_cudnn_on_the_benchmark_shapes(cp, torch, sid,
     if path == "fast" and plans.fast_plan(B, H, 2 if bi else 1, np.float64) is None:
         # float64 needs twice the shared memory: this shape does not fit the fast path
         with pytest.raises(ValueError, match="do not fit the fast path"):
+            run(to_gpu(cp, p), path=path)
+        path = "steps"
+    if path == "resident":           # (float32 alone)
+        with pytest.raises(ValueError, match="do not fit the resident kernel"):
             run(to_gpu(cp, p), path=path)
         path = "steps"
     ours64 = [cp.asnumpy(a) for a in run(to_gpu(cp, p), path=path)]

@@ -253,6 +253,58 @@ def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, l
                                    steps, B, H, D, lengths)
 
 
+def resident_forward(split, train):
+    """gru_resident_forward<ROWS, UNITS, KS, TRAIN>: block x of grid row d, every step, from
+    its slice of W_hh as the kernel stages it (w_s[k][3 uu + g], zero beyond H) and its rows
+    of h (zero beyond B and H); all blocks of a step at once (the barrier between steps),
+    the cell as forward_step's. The kernel is float32 alone; its index arithmetic is
+    checked here on float64 data."""
+    rows, units, k_split = split
+
+    def run(grid, block, smem, cooperative, gi, w_hh, b_ih, b_hh, hs, y, gates, barrier, steps,
+            B, H, S):
+        nblocks, D = grid
+        UB = -(-H // units)
+        assert cooperative and block == (_catalog.RESIDENT_THREADS,)
+        assert nblocks == -(-B // rows) * UB and smem == _catalog.resident_smem(split, H)
+        assert barrier.shape == (D,) and barrier.dtype == np.uint32 and not barrier.any()
+        gi, w_hh, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, w_hh, b_ih, b_hh, hs,
+                                                                     y, gates))
+        BH, H3, HK = B * H, 3 * H, -(-H // _catalog.RESIDENT_CHUNK) * _catalog.RESIDENT_CHUNK
+        c, k = np.arange(3 * units), np.arange(HK)
+        for s in range(steps):
+            for d in range(D):
+                t = s if d == 0 else steps - 1 - s
+                hin = (d * S + s % S) * BH
+                for x in range(nblocks):
+                    r0, u0 = x // UB * rows, x % UB * units
+                    unit, b = u0 + c // 3, r0 + np.arange(rows)
+                    ok = (k[:, None] < H) & (unit[None, :] < H)
+                    at = d * H3 * H + ((c % 3) * H + unit)[None, :] * H + k[:, None]
+                    w_s = np.where(ok, w_hh[np.where(ok, at, 0)], 0)
+                    ok = (b[:, None] < B) & (k[None, :] < H)
+                    h_s = np.where(ok, hs[np.where(ok, hin + b[:, None] * H + k[None, :], 0)],
+                                   0)
+                    acc = h_s @ w_s                      # (rows, 3 * units): 3 uu + g
+                    bb, jj = np.meshgrid(b[b < B], np.arange(units)[unit[::3] < H],
+                                         indexing="ij")
+                    j = u0 + jj
+                    a = [acc[bb - r0, 3 * jj + g] for g in range(3)]
+                    row = (t * B + bb) * D * H3 + d * H3
+                    xg = [gi[row + g * H + j] + b_ih[d * H3 + g * H + j] for g in range(3)]
+                    hh = [a[g] + b_hh[d * H3 + g * H + j] for g in range(3)]
+                    r, z = _sigmoid(xg[0] + hh[0]), _sigmoid(xg[1] + hh[1])
+                    n = np.tanh(xg[2] + r * hh[2])
+                    h_new = (1 - z) * n + z * hs[hin + bb * H + j]
+                    hs[(d * S + (s + 1) % S) * BH + bb * H + j] = h_new
+                    y[(t * B + bb) * D * H + d * H + j] = h_new
+                    if train:
+                        g = ((d * steps + s) * B + bb) * 4 * H
+                        gates[g + j], gates[g + H + j], gates[g + 2 * H + j], \
+                            gates[g + 3 * H + j] = r, z, n, hh[2]
+    return run
+
+
 def small_forward(train):
     """gru_small_forward<T, TRAIN>: one block, all units (d, b, j) of a step at once."""
     def run(grid, block, smem, cooperative, x, h0, w_ih, w_hh, b_ih, b_hh, hs, y, gates, h_n,
@@ -565,6 +617,10 @@ def host_device(monkeypatch):
             ("gru_small.cu", _catalog.small_forward("double", True)): small_forward(True),
             ("gru_small.cu", _catalog.small_forward("double", False)): small_forward(False),
             ("gru_small.cu", _catalog.small_backward("double")): small_backward}
+    for split in _catalog.RESIDENT_SPLITS:
+        for train in (True, False):
+            runs["gru_resident.cu", _catalog.resident_forward(split, train)] = \
+                resident_forward(split, train)
     for tile in _catalog.TILES[8]:
         for lengths in (False, True):     # (the instances for variable lengths: LEN)
             runs["gru_tile.cu", _catalog.tile_backward("double", tile, False, lengths)] = \
@@ -670,6 +726,102 @@ def test_small_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0, le
         assert [g.shape for g in got[2:]] == [w.shape for w in flat]
         for g, r in zip(got[2:], no_dh_n[2:]):
             np.testing.assert_allclose(g, r[0], rtol=1e-11, atol=1e-11 * max(1, np.abs(r).max()))
+
+
+# (each split at B and H beyond its blocks' edges, one block, T = 1, and H not a multiple
+# of 4, where the kernel reads rows one element at a time)
+@pytest.mark.parametrize("split", _catalog.RESIDENT_SPLITS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("T,B,I,H,bi,h0", [(3, 70, 4, 37, True, True), (1, 2, 3, 5, False, True),
+                                           (4, 33, 2, 16, False, False),
+                                           (2, 3, 3, 34, True, True)])
+def test_resident_plan_computes_the_oracle(host_device, rng, split, T, B, I, H, bi, h0):
+    """The resident forward kernel, transcribed in numpy: its arguments, its blocks' rows
+    and units, the history it leaves (which the per-step backward pass reads: its plan's
+    backward pass) give the oracle's results; inference gives the training pass's."""
+    D = 2 if bi else 1
+    rows, units, _ = split
+    big = 1 << 30                        # (no GPU limit here: every split fits)
+    plan = plans.resident_split(B, H, D, big, big)
+    plan = dataclasses.replace(plan, rows=rows, units=units, k_split=split[2],
+                               blocks=-(-B // rows) * -(-H // units),
+                               smem=_catalog.resident_smem(split, H))
+    p = problem(rng, T, B, I, H, bi, with_h0=h0)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    _gpu_path_matches(host_device, p, (T, B, I, H, D), plan, ref_y, ref_hn, saved, ref)
+
+
+def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory():
+    """Each RESIDENT_SPLITS entry fills RESIDENT_THREADS threads (groups of rows / 4 x units
+    / 2 threads, one a k slice of a chunk); resident_smem counts the W_hh columns (k
+    rounded up to a chunk), two chunks of h and groups 1..'s sums."""
+    for rows, units, k_split in _catalog.RESIDENT_SPLITS:
+        group = rows // _catalog.RESIDENT_THREAD_ROWS * units // 2
+        assert k_split * group == _catalog.RESIDENT_THREADS
+        assert _catalog.RESIDENT_CHUNK % (4 * k_split) == 0
+    assert _catalog.resident_smem((64, 32, 1), 512) == (512 * 96 + 2 * 32 * 68) * 4
+    assert _catalog.resident_smem((32, 16, 4), 1000) == \
+        (1024 * 48 + 2 * 32 * 36 + 3 * 24 * 64) * 4
+
+
+H200 = dict(sms=132, smem_limit=232448)
+
+
+def test_resident_split_takes_the_least_work_a_thread_that_fits_the_sms():
+    """resident_split on an H200 (132 SMs, 227 KiB a block): S10 on blocks of 64 rows x 32
+    units (128 blocks), S9 with k split four ways (128 blocks of 32 rows x 16 units), O14
+    (H = 650) split two ways where four would need 164 blocks; none where the blocks or
+    W_hh's columns do not fit (H = 2048, B = 256 at H = 1024)."""
+    def split(B, H, D):
+        plan = plans.resident_split(B, H, D, **H200)
+        return plan and (plan.split, plan.blocks)
+    assert split(256, 512, 2) == ((64, 32, 1), 64)
+    assert split(64, 1024, 1) == ((32, 16, 4), 128)
+    assert split(48, 650, 2) == ((64, 16, 2), 41)
+    assert split(3, 1024, 2) == ((32, 16, 4), 64)
+    assert split(32, 2048, 1) is None and split(256, 1024, 1) is None
+    assert split(256, 545, 1) is None              # (64 x 32 holds H up to 544)
+    assert split(256, 544, 1) == ((64, 32, 1), 68)
+    plan = plans.resident_split(256, 512, 2, **H200)
+    assert plan.smem == _catalog.resident_smem(plan.split, 512) <= H200["smem_limit"]
+
+
+def test_auto_runs_the_resident_forward_where_it_would_run_the_per_step_path(monkeypatch):
+    """path="auto" takes the resident kernel for a forward pass that would run per step
+    (float32 or half data computing in float32, math="strict", no quant, no lengths, a
+    split that fits and B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY), the per-step
+    path for its backward pass; path="resident" takes it wherever it fits or is a
+    ValueError naming what does not, and runs its backward pass per step."""
+    from cugru import _plan
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
+        id=0, sms=H200["sms"], smem_optin=H200["smem_limit"]))
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    want = plans.resident_split(256, 512, 2, **H200)
+    assert plans.choose("auto", 256, 512, 2, f32, False, 50, 512) == want
+    assert plans.choose("resident", 256, 512, 2, f32, False, 50, 512) == want
+    assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) is plans.STEPS
+    assert plans.choose("resident", 256, 512, 2, f32, True, 50, 512) is plans.STEPS
+    for kw in ({"math": "tf32"}, {"qat": True}, {"lengths": True}):
+        assert plans.choose("auto", 256, 512, 2, f32, False, 50, 512, **kw) is plans.STEPS
+        with pytest.raises(ValueError, match="path='resident': B = 256, H = 512, 2 direc"):
+            plans.choose("resident", 256, 512, 2, f32, False, 50, 512, **kw)
+    assert plans.choose("auto", 256, 512, 2, f64, False, 50, 512) is plans.STEPS
+    o14 = plans.resident_split(48, 650, 2, **H200)          # (16 of its 64 rows empty)
+    assert plans.resident_empty(o14, 48) == 0.25 > plans.RESIDENT_AUTO_MAX_EMPTY
+    assert plans.choose("auto", 48, 650, 2, f32, False, 100, 90) is plans.STEPS
+    assert plans.choose("resident", 48, 650, 2, f32, False, 100, 90) == o14
+    s9 = plans.choose("auto", 64, 1024, 1, f32, False, 100, 1024)
+    assert s9.split == (32, 16, 4) and plans.resident_empty(s9, 64) == 0
+    assert plans.choose("auto", 32, 2048, 1, f32, False, 50, 256) is plans.STEPS
+    with pytest.raises(ValueError, match="in float64 under math='strict' do not fit"):
+        plans.choose("resident", 256, 512, 2, f64, False, 50, 512)
+    assert plans.choose("steps", 256, 512, 2, f32, False, 50, 512) is plans.STEPS
+    # a fast plan that auto takes keeps its place
+    tile = types.SimpleNamespace(cluster=2)
+    monkeypatch.setattr(_plan, "fast_plan", lambda *a: tile)
+    assert plans.choose("auto", 64, 1000, 1, f32, False, 50, 64) is tile
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
@@ -1366,20 +1518,22 @@ def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
     monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(id=0))
-    assert plans.choose("auto", 1, 1, 1, f32) is plans.STEPS
+    assert plans.choose("auto", 1, 1, 1, f32, math="tf32") is plans.STEPS
 
 
 def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(monkeypatch):
     """path="auto" runs a persist split (fast_plan's choice where no tile split holds the
     shape) for the backward pass of two directions with at least PERSIST_AUTO_MIN_ROWS rows
-    and at most PERSIST_AUTO_MAX_WORK work per step; every forward pass, one direction,
-    B = 1 and larger work take the per-step path. path="fast" keeps the persist split."""
+    and at most PERSIST_AUTO_MAX_WORK work per step; one direction, B = 1 and larger work
+    take the per-step path, and so does the forward pass (the resident kernel's 32 rows a
+    block would hold 3). path="fast" keeps the persist split."""
     from cugru import _plan
     persist = plans.PersistPlan(57, 18, 4, 1024, 1024, 100_000, 100_000)
     f32 = np.dtype(np.float32)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: persist)   # (no GPU to plan on)
-    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(id=0))
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
+        id=0, sms=H200["sms"], smem_optin=H200["smem_limit"]))
     B, H = 3, 1024                                                  # O5
     assert B * 3 * H * H <= plans.PERSIST_AUTO_MAX_WORK
     assert plans.choose("auto", B, H, 2, f32, backward=True) is persist

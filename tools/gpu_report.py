@@ -44,7 +44,8 @@ SANITIZER_TOOLS = {
     "racecheck": ("softmax or dense or article or repeatable or (gru and uni and h0) "
                   "or repeated_calls or (each_tile_kernel and f32 and top and (r8 or t512)) "
                   "or (qat_kernels and uni and h0 and f32 and w8_x_h_g) "
-                  "or (own_no_units and f32 and c8) or (not_on_16 and f32)",
+                  "or (own_no_units and f32 and c8) or (not_on_16 and f32) "
+                  "or (resident_kernel and (beyond or top))",
                   ["--racecheck-report", "all"]),
     "initcheck": ("", []),
     # the persistent GRU kernels' barriers and cluster exchanges. On the cluster tile

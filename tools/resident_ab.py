@@ -1,0 +1,87 @@
+"""Every split of the resident forward kernel that fits a shape, timed against the per-step
+path's forward pass: whether resident_split picks the fastest split, and what a step costs.
+
+    python tools/resident_ab.py [ids ...] [--repeat N]     (GPU needed)
+
+For each shape of bench.paths' table (default: those where a resident split fits on an
+H200: the per-step path's forward shapes S9, S10, O5, O14, O16, and the tile plans' S8 and
+O3), float32 strict: the forward pass with its history (train) and without (inference) on
+each split of plans.RESIDENT_SPLITS whose blocks fit the GPU's SMs and shared memory, on
+the per-step path and on fast_plan's split (where one fits), timed in turn over rounds
+(bench.timing.interleaved_gpu_us, device ms), with µs a step. The split resident_split
+picks is marked; every split's outputs are checked against the per-step path's (the
+largest difference of y, relative to its largest value, must stay within CHECK_TOL: a
+float32 sum of H terms in another order).
+"""
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_IDS = ("S8", "S9", "S10", "O3", "O5", "O14", "O16")
+CHECK_TOL = 1e-4
+
+
+def fitting_splits(B, H, D, sms, smem):
+    """[ResidentPlan] of every split that fits, in RESIDENT_SPLITS' order."""
+    from cugru import plans
+    out = []
+    for rows, units, k_split in plans.RESIDENT_SPLITS:
+        blocks = -(-B // rows) * -(-H // units)
+        need = plans.resident_smem((rows, units, k_split), H)
+        if D * blocks <= sms and need <= smem:
+            out.append(plans.ResidentPlan(rows, units, k_split, blocks, need))
+    return out
+
+
+def main(argv=None):
+    from bench.paths import probe_args, probe_problems
+    args = probe_args(__doc__, DEFAULT_IDS, argv)
+    from bench import timing
+    timing.require_gpu()
+    import cupy as cp
+    from bench.paths import plan_name
+    from cugru import plans
+    dev = cp.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    smem = dev.attributes["MaxSharedMemoryPerBlockOptin"]
+    print(f"{cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}: {sms} SMs, "
+          f"{smem} bytes of shared memory a block")
+    print("| id | T, B, I, H, D | plan | train fwd (ms) | µs a step | inference (ms) | "
+          "µs a step | y against steps | picked |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    failed = 0
+    for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
+        splits = fitting_splits(B, H, D, sms, smem)
+        picked = plans.resident_split(B, H, D, sms, smem)
+        x, h0 = a["x"], a["h0"]
+
+        def calls(plan):
+            return (lambda: plans.forward(x, h0, *w, plan, bidirectional=bi),
+                    lambda: plans.forward(x, h0, *w, plan, bidirectional=bi, training=False))
+        ref = plans.forward(x, h0, *w, plans.STEPS, bidirectional=bi, training=False)[0]
+        fast = plans.fast_plan(B, H, D, np.float32)
+        ours = [plans.STEPS] + ([fast] if fast is not None else []) + splits
+        fns, errs = {}, {}
+        for plan in ours:
+            name = plan_name(plan)
+            fns[name + " train"], fns[name + " infer"] = calls(plan)
+            y = plans.forward(x, h0, *w, plan, bidirectional=bi, training=False)[0]
+            errs[name] = float(cp.abs(y - ref).max() / cp.abs(ref).max())
+        us = timing.interleaved_gpu_us(fns, n_repeat=n, rounds=5)
+        for plan in ours:
+            name = plan_name(plan)
+            tr, inf = us[name + " train"], us[name + " infer"]
+            ok = errs[name] <= CHECK_TOL
+            failed += not ok
+            print(f"| {sid} | {T}, {B}, {I}, {H}, {D} | {name} | {tr / 1e3:.3f} | {tr / T:.1f} | "
+                  f"{inf / 1e3:.3f} | {inf / T:.1f} | {errs[name]:.1e}{'' if ok else ' FAIL'} | "
+                  f"{'yes' if plan == picked else ''} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
