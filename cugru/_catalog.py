@@ -250,13 +250,12 @@ def resident_forward(split, train):
 
 def resident_smem(split, H):
     """Bytes of shared memory a block of the resident kernel of `split` takes at hidden size
-    H: its W_hh columns (k rounded up to a chunk), then two chunks of h or, in their place
-    after the product, groups 1..'s sums, whichever is larger."""
+    H: its W_hh columns (k rounded up to a chunk), two chunks of h and groups 1..'s sums."""
     rows, units, k_split = split
     hk = -(-H // RESIDENT_CHUNK) * RESIDENT_CHUNK
     group = RESIDENT_THREADS // k_split
-    floats = hk * 3 * units + max(2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD),
-                                  (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group)
+    floats = hk * 3 * units + 2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD) \
+        + (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group
     return floats * 4
 
 

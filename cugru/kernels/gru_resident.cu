@@ -12,10 +12,10 @@
 // Its threads form KS groups of NT1 = (ROWS / TR) x (UNITS / 2) threads; thread (tx, ty) of a
 // group computes the TR rows r0 + TR ty .. and the two units u0 + 2 tx, + 1 (six gate
 // columns) of the step's product h W_hh^T. The product runs over k in chunks of KC: each
-// chunk of h (ROWS x KC) is copied from L2 into shared memory, transposed, with the loads of
-// the two chunks after it in flight while it is summed (a step of large H is a chain of
-// chunks, each waiting on L2 where fewer loads are ahead); group g sums the g-th of the KS
-// slices of every chunk, in k order, with float32 FMAs. Groups 1.. then hand their sums to
+// chunk of h (ROWS x KC) is copied from L2 into shared memory, transposed, with the next
+// chunk's loads in flight while the current one is summed; group g sums the g-th of the KS
+// slices of every chunk, in k order, with float32 FMAs (a thread whose rows all lie beyond B
+// sums nothing, leaving the SM to the others). Groups 1.. then hand their sums to
 // group 0 through shared memory, which adds them in group order: the same bits every run.
 // Group 0 applies the cell to its tile (its inputs gi and h loaded before the product, so
 // their latency hides behind it) and writes hs, y and, training, the history. The blocks of
@@ -88,8 +88,7 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
     const int HK = gru_round_up(H, KC);
     float* w_s = smem;                    // [HK][NC]
     float* h_s = w_s + HK * NC;           // [2][KC][HP]: the chunks, double-buffered
-    float* red = h_s;                     // [KS - 1][TR * 6][NT1]: groups 1..'s sums, in the
-                                          // chunks' place (after the product, before the next)
+    float* red = h_s + 2 * KC * HP;       // [KS - 1][TR * 6][NT1]: groups 1..'s sums
     const int grp = threadIdx.x / NT1, local = threadIdx.x - grp * NT1;
     const int tx = local % (UNITS / 2), ty = local / (UNITS / 2);
     const long long H3 = 3LL * H, BH = (long long)B * H;
@@ -150,42 +149,41 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
                 old[i][u] = in ? __ldcg(hin + (long long)b * H + j0 + u) : 0.f;
             }
         }
+        // (a thread whose rows are all beyond B sums nothing: where B leaves rows of the
+        // blocks empty, the SM's issue slots and shared-memory bandwidth go to the others)
+        const bool live = r0 + ty * TR < B;
         float acc[TR][6];
 #pragma unroll
         for (int i = 0; i < TR; ++i)
 #pragma unroll
             for (int c = 0; c < 6; ++c) acc[i][c] = 0.f;
-        // the chunks: one summed from shared memory while the next waits in registers to be
-        // stored and the one after is loading (two chunks' loads in flight across a sum)
+        float4 v[LOADS];
+        gru_res_load<ROWS>(v, hin, r0, B, H, 0, vec);
+        gru_res_store<ROWS>(h_s, v);
+        __syncthreads();
         const int chunks = HK / KC;
-        auto chunk = [&](int kc, float4 (&ahead)[LOADS], const float4 (&next)[LOADS]) {
-            if (kc + 2 < chunks) gru_res_load<ROWS>(ahead, hin, r0, B, H, (kc + 2) * KC, vec);
+        for (int kc = 0; kc < chunks; ++kc) {
+            const bool more = kc + 1 < chunks;
+            if (more) gru_res_load<ROWS>(v, hin, r0, B, H, (kc + 1) * KC, vec);
             const float* hb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
             const float* wb = w_s + (kc * KC + grp * KK) * NC + tx * 6;
+            if (live) {
 #pragma unroll
-            for (int k = 0; k < KK; ++k) {
-                const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
-                const float2 w0 = *reinterpret_cast<const float2*>(wb + k * NC);
-                const float2 w1 = *reinterpret_cast<const float2*>(wb + k * NC + 2);
-                const float2 w2 = *reinterpret_cast<const float2*>(wb + k * NC + 4);
-                const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
-                const float wc[6] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y};
+                for (int k = 0; k < KK; ++k) {
+                    const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
+                    const float2 w0 = *reinterpret_cast<const float2*>(wb + k * NC);
+                    const float2 w1 = *reinterpret_cast<const float2*>(wb + k * NC + 2);
+                    const float2 w2 = *reinterpret_cast<const float2*>(wb + k * NC + 4);
+                    const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
+                    const float wc[6] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y};
 #pragma unroll
-                for (int i = 0; i < TR; ++i)
+                    for (int i = 0; i < TR; ++i)
 #pragma unroll
-                    for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
+                        for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
+                }
             }
-            if (kc + 1 < chunks) gru_res_store<ROWS>(h_s + ((kc + 1) & 1) * KC * HP, next);
+            if (more) gru_res_store<ROWS>(h_s + ((kc + 1) & 1) * KC * HP, v);
             __syncthreads();
-        };
-        float4 va[LOADS], vb[LOADS];
-        gru_res_load<ROWS>(va, hin, r0, B, H, 0, vec);
-        if (chunks > 1) gru_res_load<ROWS>(vb, hin, r0, B, H, KC, vec);
-        gru_res_store<ROWS>(h_s, va);
-        __syncthreads();
-        for (int kc = 0; kc < chunks; kc += 2) {
-            chunk(kc, va, vb);                          // (chunk kc + 2 into va)
-            if (kc + 1 < chunks) chunk(kc + 1, vb, va); // (chunk kc + 3 into vb)
         }
         if (KS > 1) {
             if (grp > 0)
