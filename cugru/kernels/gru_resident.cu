@@ -14,8 +14,7 @@
 // columns) of the step's product h W_hh^T. The product runs over k in chunks of KC: each
 // chunk of h (ROWS x KC) is copied from L2 into shared memory, transposed, with the next
 // chunk's loads in flight while the current one is summed; group g sums the g-th of the KS
-// slices of every chunk, in k order, with float32 FMAs (a thread whose rows all lie beyond B
-// sums nothing, leaving the SM to the others). Groups 1.. then hand their sums to
+// slices of every chunk, in k order, with float32 FMAs. Groups 1.. then hand their sums to
 // group 0 through shared memory, which adds them in group order: the same bits every run.
 // Group 0 applies the cell to its tile (its inputs gi and h loaded before the product, so
 // their latency hides behind it) and writes hs, y and, training, the history. The blocks of
@@ -149,9 +148,6 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
                 old[i][u] = in ? __ldcg(hin + (long long)b * H + j0 + u) : 0.f;
             }
         }
-        // (a thread whose rows are all beyond B sums nothing: where B leaves rows of the
-        // blocks empty, the SM's issue slots and shared-memory bandwidth go to the others)
-        const bool live = r0 + ty * TR < B;
         float acc[TR][6];
 #pragma unroll
         for (int i = 0; i < TR; ++i)
@@ -167,20 +163,18 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
             if (more) gru_res_load<ROWS>(v, hin, r0, B, H, (kc + 1) * KC, vec);
             const float* hb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
             const float* wb = w_s + (kc * KC + grp * KK) * NC + tx * 6;
-            if (live) {
 #pragma unroll
-                for (int k = 0; k < KK; ++k) {
-                    const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
-                    const float2 w0 = *reinterpret_cast<const float2*>(wb + k * NC);
-                    const float2 w1 = *reinterpret_cast<const float2*>(wb + k * NC + 2);
-                    const float2 w2 = *reinterpret_cast<const float2*>(wb + k * NC + 4);
-                    const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
-                    const float wc[6] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y};
+            for (int k = 0; k < KK; ++k) {
+                const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
+                const float2 w0 = *reinterpret_cast<const float2*>(wb + k * NC);
+                const float2 w1 = *reinterpret_cast<const float2*>(wb + k * NC + 2);
+                const float2 w2 = *reinterpret_cast<const float2*>(wb + k * NC + 4);
+                const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
+                const float wc[6] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y};
 #pragma unroll
-                    for (int i = 0; i < TR; ++i)
+                for (int i = 0; i < TR; ++i)
 #pragma unroll
-                        for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
-                }
+                    for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
             }
             if (more) gru_res_store<ROWS>(h_s + ((kc + 1) & 1) * KC * HP, v);
             __syncthreads();
