@@ -470,13 +470,14 @@ def test_auto_may_take_the_small_path_for_backward_alone(cp, rng):
 
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
-    waves of groups (any H: rows off 16-byte boundaries too); else per step."""
+    waves of groups (any H: rows off 16-byte boundaries too); beyond, a forward pass runs
+    the resident kernel where B fills its blocks' rows (strict math), else per step."""
     chosen = []
     monkeypatch.setattr(cugru.gru._passes, "forward",
                         lambda a, plan, math="strict": chosen.append(plan) or (None, None, None))
 
-    def auto(B, H):
-        cugru.gru_forward(cp.zeros((2, B, 3), np.float32), None, *_zero_weights(cp, H, 3))
+    def auto(B, H, **kw):
+        cugru.gru_forward(cp.zeros((2, B, 3), np.float32), None, *_zero_weights(cp, H, 3), **kw)
         return chosen[-1]
 
     assert auto(64, 64).scope == "block"
@@ -486,11 +487,14 @@ def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     assert (auto(64, 512) == plan) == (waves <= plans.GRID_AUTO_MAX_WAVES)
     plan = plans.fast_plan(64, 1024, 1, np.float32)                 # S9
     waves = -(-plan.groups // plan.slots)
-    assert waves > plans.GRID_AUTO_MAX_WAVES and auto(64, 1024) is plans.STEPS
+    resident = plans.resident_plan(64, 1024, 1, np.float32)
+    assert waves > plans.GRID_AUTO_MAX_WAVES and isinstance(resident, plans.ResidentPlan)
+    assert auto(64, 1024) == resident and auto(64, 1024, math="tf32") is plans.STEPS
     # H = 1022 is no multiple of the pack: grid scope too, beyond the waves limit
     plan = plans.fast_plan(64, 1022, 1, np.float32)
     assert plan.scope == "grid" and -(-plan.groups // plan.slots) > plans.GRID_AUTO_MAX_WAVES
-    assert auto(64, 1022) is plans.STEPS
+    assert auto(64, 1022) == plans.resident_plan(64, 1022, 1, np.float32) is not None
+    assert auto(64, 1022, math="tf32") is plans.STEPS
 
 
 def _zero_weights(cp, H, I):
