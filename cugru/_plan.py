@@ -25,7 +25,7 @@ runs the whole pass (``whole_pass``).
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
 the per-step path, else for a forward pass a ResidentPlan where ``resident_plan`` finds
-one whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
+one of RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
 """
 from __future__ import annotations
 
@@ -55,6 +55,16 @@ PERSIST_AUTO_MIN_ROWS = 2
 #: (O3, A3, A4) the per-step path took 0.59-0.70x grid scope's time, at 2 (S8, O16) they
 #: tied in train and grid scope won inference by 11-27%, at 1 (O4, A5, A6) grid scope won
 GRID_AUTO_MAX_WAVES = 2
+#: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
+#: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
+#: for nothing), and only on the splits of RESIDENT_AUTO_SPLITS. Measured on an H200
+#: (tools/resident_ab.py, docs/performance.md): with every row used the resident forward
+#: pass took 8-16% less time than the per-step path's (S9 on 32 x 16, S10 on 64 x 32);
+#: with 25% of rows empty (O14) and more (O3, O5) it took 11-31% more; the 64 x 16 split
+#: (k split two ways) lost wherever it ran (S9: 40.3 µs a step against 29.2 per step), so a
+#: GPU whose SMs hold no other split runs per step
+RESIDENT_AUTO_MAX_EMPTY = 0.0
+RESIDENT_AUTO_SPLITS = ((64, 32, 1), (32, 16, 4))
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024
@@ -64,12 +74,6 @@ PERSIST_STAGE_BYTES = 96 * 1024
 #: (PERSIST_FMA_LATENCY each); every block stages its direction's whole vector from L2, at
 #: about PERSIST_L2_BYTES_PER_CYCLE for the whole chip; a barrier across blocks costs about
 #: PERSIST_BARRIER_CYCLES.
-#: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
-#: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
-#: for nothing). Measured on an H200 (tools/resident_ab.py, docs/performance.md): with every
-#: row used (S9, S10) the resident forward pass took 8-16% less time than the per-step
-#: path's; with 25% of rows empty (O14) and more (O3, A3, O5) it took 12-31% more
-RESIDENT_AUTO_MAX_EMPTY = 0.0
 PERSIST_LDS_CYCLES = 4
 PERSIST_FMA_LATENCY = 4
 PERSIST_L2_BYTES_PER_CYCLE = 3000
@@ -442,6 +446,15 @@ class ResidentPlan:
         return dev.shared(dev.kernel("gru_resident.cu", name), self.smem)
 
     def forward(self, loop, p):
+        if p.dtype.itemsize != 4 or p.qat or p.lengths is not None:
+            raise ValueError(f"the resident plan runs float32 data without quant or lengths; "
+                             f"this pass has {p.dtype}{' with quant' * p.qat}"
+                             f"{' with lengths' * (p.lengths is not None)}")
+        if p.w_hh.data.ptr % 16:
+            # (the kernel reads W_hh's rows 16 bytes at a time where H is a multiple of 4; a
+            # view off 16-byte boundaries runs the per-step recurrence, same buffers)
+            STEPS.forward(loop, p)
+            return
         cp = dev.cupy()
         loop.launch(self.kernel(p.training), (self.blocks, p.D), (cat.RESIDENT_THREADS,),
                     {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
@@ -455,23 +468,27 @@ class ResidentPlan:
         STEPS.backward(loop, p)
 
 
+def resident_splits(B, H, D, sms, smem_limit):
+    """[ResidentPlan] of every split of cat.RESIDENT_SPLITS that fits batch B, hidden size H
+    and D directions on a GPU of `sms` SMs and `smem_limit` bytes of shared memory a block:
+    every block of both directions on an SM of its own (a block takes most of an SM's
+    shared memory) at once. In RESIDENT_SPLITS' order."""
+    out = []
+    for rows, units, k_split in cat.RESIDENT_SPLITS:
+        blocks = -(-B // rows) * -(-H // units)
+        smem = cat.resident_smem((rows, units, k_split), H)
+        if D * blocks <= sms and smem <= smem_limit:
+            out.append(ResidentPlan(rows, units, k_split, blocks, smem))
+    return out
+
+
 def resident_split(B, H, D, sms, smem_limit):
     """The ResidentPlan for batch B, hidden size H and D directions on a GPU of `sms` SMs
-    and `smem_limit` bytes of shared memory a block, or None where no split of
-    cat.RESIDENT_SPLITS fits: every block of both directions on an SM of its own (a block
-    takes most of an SM's shared memory) at once. Of those that fit, the least work a
-    thread per step (k over the groups splitting it), then the fewest blocks."""
-    best = None
-    for split in cat.RESIDENT_SPLITS:
-        rows, units, k_split = split
-        blocks = -(-B // rows) * -(-H // units)
-        smem = cat.resident_smem(split, H)
-        if D * blocks > sms or smem > smem_limit:
-            continue
-        key = (-(-H // cat.RESIDENT_CHUNK) / k_split, blocks)
-        if best is None or key < best[0]:
-            best = (key, ResidentPlan(rows, units, k_split, blocks, smem))
-    return None if best is None else best[1]
+    and `smem_limit` bytes of shared memory a block, or None where no split fits
+    (resident_splits): of those that fit, the least work a thread per step (k over the
+    groups splitting it; each split splits k its own number of ways)."""
+    fits = resident_splits(B, H, D, sms, smem_limit)
+    return min(fits, key=lambda p: 1 / p.k_split) if fits else None
 
 
 def resident_applies(dtype, qat=False, lengths=False, math="strict") -> bool:
@@ -963,6 +980,7 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
         return fast
     if not backward:
         plan = resident_plan(B, H, D, dtype, qat, lengths, math)
-        if plan is not None and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
+        if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
+                and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
             return plan
     return STEPS

@@ -22,11 +22,12 @@ from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noq
                        PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
                        mma_warps, resident_smem, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
-                    PERSIST_AUTO_MIN_ROWS, RESIDENT_AUTO_MAX_EMPTY, SMALL,
+                    PERSIST_AUTO_MIN_ROWS, RESIDENT_AUTO_MAX_EMPTY, RESIDENT_AUTO_SPLITS, SMALL,
                     SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, ResidentPlan,
                     SmallPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan,
                     groups_at_once, persist_cost, persist_split, resident, resident_applies,
-                    resident_empty, resident_plan, resident_split, small_chain, small_takes,
+                    resident_empty, resident_plan, resident_split, resident_splits,
+                    small_chain, small_takes,
                     tile_rank, tile_split, tile_splits, waves)
 
 
@@ -35,8 +36,9 @@ __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "P
            "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan", "ResidentPlan", "RESIDENT_SPLITS",
-           "RESIDENT_THREADS", "RESIDENT_AUTO_MAX_EMPTY", "resident_empty", "resident_smem",
-           "resident_applies", "resident_plan", "resident_split",
+           "RESIDENT_THREADS", "RESIDENT_AUTO_MAX_EMPTY", "RESIDENT_AUTO_SPLITS",
+           "resident_empty", "resident_smem", "resident_applies", "resident_plan",
+           "resident_split", "resident_splits",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",
            "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
            "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",

@@ -533,7 +533,7 @@ def layer(x, h0, weights, lengths=None, bidirectional=False, training=True, quan
 class GRU(nn.Module):
     """torch.nn.GRU on cugru's kernels (see the module's doc). Arguments as nn.GRU's, and
     quant (a cugru.QuantSpec, or None) and path (cugru's plan: "auto", "fast", "steps",
-    "small")."""
+    "small", "resident")."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, device=None, dtype=None, *, quant=None,

@@ -621,6 +621,12 @@ def host_device(monkeypatch):
         for train in (True, False):
             runs["gru_resident.cu", _catalog.resident_forward(split, train)] = \
                 resident_forward(split, train)
+            # (the resident kernel is float32's alone: its tests run float32 data, with the
+            # per-step backward pass and the tail on it)
+            runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
+    runs.update({("gru_steps.cu", _catalog.step_backward("float")): backward_step,
+                 ("gru_tail.cu", _catalog.sum_chunks("float")): sum_chunks,
+                 ("gru_tail.cu", _catalog.bias_sums("float")): bias_sums})
     for tile in _catalog.TILES[8]:
         for lengths in (False, True):     # (the instances for variable lengths: LEN)
             runs["gru_tile.cu", _catalog.tile_backward("double", tile, False, lengths)] = \
@@ -737,18 +743,63 @@ def test_small_plan_computes_the_oracle(host_device, rng, T, B, I, H, bi, h0, le
 def test_resident_plan_computes_the_oracle(host_device, rng, split, T, B, I, H, bi, h0):
     """The resident forward kernel, transcribed in numpy: its arguments, its blocks' rows
     and units, the history it leaves (which the per-step backward pass reads: its plan's
-    backward pass) give the oracle's results; inference gives the training pass's."""
+    backward pass) give the oracle's results on float32 data; inference gives the training
+    pass's. (The transcription sums each block's product in one numpy product: the kernel's
+    chunks, groups and their sums are checked against the oracle on the GPU.)"""
     D = 2 if bi else 1
-    rows, units, _ = split
-    big = 1 << 30                        # (no GPU limit here: every split fits)
-    plan = plans.resident_split(B, H, D, big, big)
-    plan = dataclasses.replace(plan, rows=rows, units=units, k_split=split[2],
-                               blocks=-(-B // rows) * -(-H // units),
-                               smem=_catalog.resident_smem(split, H))
+    rows, units, k_split = split
+    plan = plans.ResidentPlan(rows, units, k_split, -(-B // rows) * -(-H // units),
+                              _catalog.resident_smem(split, H))
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
-    _gpu_path_matches(host_device, p, (T, B, I, H, D), plan, ref_y, ref_hn, saved, ref)
+    dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
+    outs = []
+    for training in (False, True):
+        y, hn, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                         plan, bidirectional=bi, training=training)
+        outs.append((np.array(y), np.array(hn)))
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+    got = outs[1] + plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plan)
+    for g, r in zip(got, (ref_y, ref_hn) + tuple(ref)):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+
+
+def test_the_resident_plan_refuses_data_it_does_not_run_and_runs_views_off_16_bytes_per_step(
+        host_device, rng, monkeypatch):
+    """plans.forward on a resident plan: float64 data, quant or lengths are a ValueError
+    naming them (the kernel is float32's, without either); a W_hh off 16-byte boundaries
+    (a view into a larger array: the kernel reads its rows 16 bytes at a time) runs the
+    per-step recurrence on the same buffers, with the oracle's results."""
+    plan = plans.resident_split(3, 8, 1, 132, 232448)
+    p = problem(rng, 2, 3, 4, 8, False)
+    w = weights(p)
+    f32 = lambda a: host_device(a.astype(np.float32))  # noqa: E731
+    with pytest.raises(ValueError, match="runs float32 data without quant or lengths; this "
+                                         "pass has float64"):
+        plans.forward(host_device(p["x"]), None, *map(host_device, w), plan)
+    with pytest.raises(ValueError, match="this pass has float32 with lengths"):
+        plans.forward(f32(p["x"]), None, *map(f32, w), plan, lengths=[1, 2, 2])
+    from cugru import QuantSpec, _quantize
+    # (the quantizers' launches before the recurrence: theirs, not the plan's, left out)
+    monkeypatch.setattr(_quantize, "operands", lambda a: a)
+    with pytest.raises(ValueError, match="this pass has float32 with quant"):
+        plans.forward(f32(p["x"]), None, *map(f32, w), plan, quant=QuantSpec())
+    # W_hh one float into a larger buffer: 4 bytes off 16-byte boundaries
+    flat = np.zeros(w[1].size + 1, np.float32)
+    flat[1:] = w[1].reshape(-1)
+    w_hh = flat[1:].reshape(w[1].shape).view(type(f32(w[1])))
+    assert w_hh.data.ptr % 16
+    launched = []
+    monkeypatch.setattr(plans.ResidentPlan, "kernel",
+                        lambda self, training: launched.append(training))
+    y, hn, _ = plans.forward(f32(p["x"]), f32(p["h0"]), f32(w[0]), w_hh, f32(w[2]),
+                             f32(w[3]), plan, training=False)
+    ref_y, ref_hn, _ = oracle.gru_forward(p["x"], p["h0"], *w, training=False)
+    assert not launched
+    np.testing.assert_allclose(y, ref_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(hn, ref_hn, rtol=1e-4, atol=1e-5)
 
 
 def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory():
@@ -786,6 +837,30 @@ def test_resident_split_takes_the_least_work_a_thread_that_fits_the_sms():
     assert plan.smem == _catalog.resident_smem(plan.split, 512) <= H200["smem_limit"]
 
 
+def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_alone_on_the_resident_kernel(
+        monkeypatch):
+    """On an H200 stand-in (its SMs, its shared memory, the tile kernels' groups at once
+    as measured) path="auto" runs the forward pass of S9 and S10 on the resident kernel,
+    and no other shape of bench.paths' tables (S1-S10, O1-O16, A1-A6): the plans
+    docs/gpu-report.md's off-table runs had stay."""
+    from bench.paths import ALL
+    from cugru import _plan
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
+    monkeypatch.setattr(_plan, "_persist_resident_blocks", lambda *a: 1)
+    monkeypatch.setattr(_device, "device", lambda: types.SimpleNamespace(
+        cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
+    _plan._fast_plan.cache_clear()
+    try:
+        f32 = np.dtype(np.float32)
+        resident = {sid for sid, ((T, B, I, H, bi), _) in ALL.items()
+                    if isinstance(plans.choose("auto", B, H, 2 if bi else 1, f32, False, T,
+                                               I), plans.ResidentPlan)}
+    finally:
+        _plan._fast_plan.cache_clear()
+    assert resident == {"S9", "S10"}
+
+
 def test_auto_runs_the_resident_forward_where_it_would_run_the_per_step_path(monkeypatch):
     """path="auto" takes the resident kernel for a forward pass that would run per step
     (float32 or half data computing in float32, math="strict", no quant, no lengths, a
@@ -818,6 +893,13 @@ def test_auto_runs_the_resident_forward_where_it_would_run_the_per_step_path(mon
     with pytest.raises(ValueError, match="in float64 under math='strict' do not fit"):
         plans.choose("resident", 256, 512, 2, f64, False, 50, 512)
     assert plans.choose("steps", 256, 512, 2, f32, False, 50, 512) is plans.STEPS
+    # a GPU whose SMs hold S9's shape on 64 x 16 alone (114 SMs: 32 x 16 needs 128
+    # blocks): that split lost wherever it ran, so auto runs per step there
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
+        id=1, sms=114, smem_optin=H200["smem_limit"]))
+    s9 = plans.choose("resident", 64, 1024, 1, f32, False, 100, 1024)
+    assert s9.split == (64, 16, 2) and s9.split not in plans.RESIDENT_AUTO_SPLITS
+    assert plans.choose("auto", 64, 1024, 1, f32, False, 100, 1024) is plans.STEPS
     # a fast plan that auto takes keeps its place
     tile = types.SimpleNamespace(cluster=2)
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: tile)
@@ -1517,8 +1599,9 @@ def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
-    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(id=0))
-    assert plans.choose("auto", 1, 1, 1, f32, math="tf32") is plans.STEPS
+    monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
+        id=0, sms=H200["sms"], smem_optin=H200["smem_limit"]))
+    assert plans.choose("auto", 1, 1, 1, f32) is plans.STEPS
 
 
 def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(monkeypatch):

@@ -28,13 +28,7 @@ CHECK_TOL = 1e-4
 def fitting_splits(B, H, D, sms, smem):
     """[ResidentPlan] of every split that fits, in RESIDENT_SPLITS' order."""
     from cugru import plans
-    out = []
-    for rows, units, k_split in plans.RESIDENT_SPLITS:
-        blocks = -(-B // rows) * -(-H // units)
-        need = plans.resident_smem((rows, units, k_split), H)
-        if D * blocks <= sms and need <= smem:
-            out.append(plans.ResidentPlan(rows, units, k_split, blocks, need))
-    return out
+    return plans.resident_splits(B, H, D, sms, smem)
 
 
 def main(argv=None):
