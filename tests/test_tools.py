@@ -305,17 +305,17 @@ def test_the_resident_probe_names_a_shape_it_cannot_hold(capsys):
 
 
 def test_the_resident_ab_tool_times_the_splits_that_fit(capsys):
-    """tools/resident_ab.py times the splits of plans.RESIDENT_SPLITS whose blocks fit the
-    SMs and shared memory (resident_split picks one of them), and names an unknown shape id
-    (argparse, exit 2) before any GPU work."""
+    """tools/resident_ab.py times the splits plans.resident_splits gives, those of
+    RESIDENT_SPLITS whose blocks fit the SMs and shared memory (resident_split picks one of
+    them), and names an unknown shape id (argparse, exit 2) before any GPU work."""
     import pytest
 
     from cugru import plans
     tool = _tool("resident_ab.py")
-    got = tool.fitting_splits(64, 1024, 1, 132, 232448)
+    got = plans.resident_splits(64, 1024, 1, 132, 232448)
     assert [p.split for p in got] == [(64, 16, 2), (32, 16, 4)]
     assert plans.resident_split(64, 1024, 1, 132, 232448) == got[1]
-    assert tool.fitting_splits(32, 2048, 1, 132, 232448) == []
+    assert plans.resident_splits(32, 2048, 1, 132, 232448) == []
     with pytest.raises(SystemExit) as e:
         tool.main(["S9", "Q3"])
     assert e.value.code == 2 and "Q3" in capsys.readouterr().err

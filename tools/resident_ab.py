@@ -25,12 +25,6 @@ DEFAULT_IDS = ("S8", "S9", "S10", "O3", "O5", "O14", "O16")
 CHECK_TOL = 1e-4
 
 
-def fitting_splits(B, H, D, sms, smem):
-    """[ResidentPlan] of every split that fits, in RESIDENT_SPLITS' order."""
-    from cugru import plans
-    return plans.resident_splits(B, H, D, sms, smem)
-
-
 def main(argv=None):
     from bench.paths import probe_args, probe_problems
     args = probe_args(__doc__, DEFAULT_IDS, argv)
@@ -49,7 +43,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|")
     failed = 0
     for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
-        splits = fitting_splits(B, H, D, sms, smem)
+        splits = plans.resident_splits(B, H, D, sms, smem)
         picked = plans.resident_split(B, H, D, sms, smem)
         x, h0 = a["x"], a["h0"]
 
