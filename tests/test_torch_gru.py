@@ -2,6 +2,8 @@
 CPU (float64, the numpy oracle) and on the GPU (cugru's kernels against cuDNN); the state
 dict both ways, gradcheck, torch.compile, and the argument checks."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -472,10 +474,10 @@ def test_torch_compile_on_the_gpu():
         torch.testing.assert_close(a, b.grad, rtol=1e-5, atol=1e-6)
 
 
-#: the DistributedDataParallel check, run in a process of its own: gloo's threads, in the
-#: test runner's process, hung one CI run at teardown; a process that hangs is killed at
-#: the timeout and the test fails saying so, and the process leaves through os._exit once
-#: its result is printed (as cugru.ddp does)
+#: the DistributedDataParallel check, run in a process of its own: with gloo in the test
+#: runner's process, one CI run hung in this test; a process that hangs is killed at the
+#: timeout and the test fails saying so, and the process leaves through os._exit once its
+#: result is printed (as cugru.ddp does)
 _DDP_SCRIPT = """
 import os, sys
 import torch, torch.distributed as dist
@@ -501,8 +503,6 @@ os._exit(0)
 def test_under_distributed_data_parallel(tmp_path):
     """DistributedDataParallel (one process, gloo) wraps it and reduces its gradients: the
     same gradients as the module alone."""
-    import subprocess
-    import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, GLOO_SOCKET_IFNAME="lo")
     try:
