@@ -14,9 +14,9 @@ another plan than the forward pass did.
                  blocks meeting at a counter ("grid" scope) (gru_tile.cu)
     SmallPlan    the whole pass (input projection or gradient tail included) in one launch
                  of one block, for shapes where a call costs its launches (gru_small.cu)
-    ResidentPlan the forward recurrence in one launch over many SMs, each block keeping
-                 its units' columns of W_hh in shared memory and computing a tile of batch
-                 rows x units (gru_resident.cu); its backward pass runs per step
+    ResidentPlan each pass in one launch over many SMs, each block keeping its units'
+                 columns of W_hh in shared memory and computing a tile of batch rows x
+                 units (gru_resident.cu)
 
 The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
 runs the whole pass (``whole_pass``).
@@ -24,8 +24,8 @@ runs the whole pass (``whole_pass``).
 ``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
-the per-step path, else for a forward pass a ResidentPlan where ``resident_plan`` finds
-one of RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
+the per-step path, else a ResidentPlan where ``resident_plan`` finds one of
+RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
 """
 from __future__ import annotations
 
@@ -420,11 +420,12 @@ def persist_cost(plan, B, H, D, itemsize=4):
 # -------------------------------------------------------------------------------- resident
 @dataclass(frozen=True)
 class ResidentPlan:
-    """The resident forward kernel's split (gru_resident.cu): blocks of `rows` batch rows x
-    `units` hidden units, `k_split` groups of threads splitting the product's k, `blocks`
-    blocks per direction, `smem` bytes of dynamic shared memory a block. The forward pass
-    only (float32, strict, no quantization, no lengths): its backward pass runs per step
-    (STEPS), from the history the forward pass keeps in the shared layout."""
+    """The resident kernels' split (gru_resident.cu): blocks of `rows` batch rows x `units`
+    hidden units, `k_split` groups of threads splitting the forward product's k, `blocks`
+    blocks per direction, `smem` bytes of dynamic shared memory a forward block (a backward
+    block takes at most as much: catalog.resident_smem). Float32, strict, no quantization,
+    no lengths. Each pass is one cooperative launch and keeps the shared layout of the
+    history and gate gradients, so either pass may pair with another plan's."""
     rows: int
     units: int
     k_split: int
@@ -445,27 +446,42 @@ class ResidentPlan:
         name = cat.resident_forward(self.split, training)
         return dev.shared(dev.kernel("gru_resident.cu", name), self.smem)
 
-    def forward(self, loop, p):
+    @staticmethod
+    def _check(p, pass_):
         if p.dtype.itemsize != 4 or p.qat or p.lengths is not None:
             raise ValueError(f"the resident plan runs float32 data without quant or lengths; "
-                             f"this pass has {p.dtype}{' with quant' * p.qat}"
+                             f"this {pass_} pass has {p.dtype}{' with quant' * p.qat}"
                              f"{' with lengths' * (p.lengths is not None)}")
+
+    def forward(self, loop, p):
+        self._check(p, "forward")
         if p.w_hh.data.ptr % 16:
             # (the kernel reads W_hh's rows 16 bytes at a time where H is a multiple of 4; a
             # view off 16-byte boundaries runs the per-step recurrence, same buffers)
             STEPS.forward(loop, p)
             return
-        cp = dev.cupy()
         loop.launch(self.kernel(p.training), (self.blocks, p.D), (cat.RESIDENT_THREADS,),
                     {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                      "y": p.y, "gates": p.y if p.gates is None else p.gates,
-                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "S": p.S},
+                     "barrier": dev.cupy().zeros(p.D, np.uint32), "steps": p.T, "B": p.B,
+                     "H": p.H, "S": p.S},
                     shared_mem=self.smem, cooperative=True)
 
-    @staticmethod
-    def backward(loop, p):
-        STEPS.backward(loop, p)
+    def backward(self, loop, p):
+        """Fills p.dgi, p.dgh and p.dh0 in one launch (StepsPlan.backward's results)."""
+        self._check(p, "backward")
+        if (p.w_hh.data.ptr | p.dgh.data.ptr) % 16:
+            STEPS.backward(loop, p)     # (as in forward: 16-byte loads of W_hh and dgh)
+            return
+        STEPS.start_backward(p)
+        smem = cat.resident_smem(self.split, p.H, backward=True)
+        kern = dev.shared(dev.kernel("gru_resident.cu", cat.resident_backward(self.split)),
+                          smem)
+        loop.launch(kern, (self.blocks, p.D), (cat.RESIDENT_THREADS,),
+                    {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": p.dh0, "dgi": p.dgi,
+                     "dgh": p.dgh, "w_hh": p.w_hh, "barrier": dev.cupy().zeros(p.D, np.uint32),
+                     "steps": p.T, "B": p.B, "H": p.H},
+                    shared_mem=smem, cooperative=True)
 
 
 def resident_splits(B, H, D, sms, smem_limit):
@@ -488,11 +504,11 @@ def resident_split(B, H, D, sms, smem_limit):
     (resident_splits): of those that fit, the least work a thread per step (k over the
     groups splitting it; each split splits k its own number of ways)."""
     fits = resident_splits(B, H, D, sms, smem_limit)
-    return min(fits, key=lambda p: 1 / p.k_split) if fits else None
+    return max(fits, key=lambda p: p.k_split) if fits else None
 
 
 def resident_applies(dtype, qat=False, lengths=False, math="strict") -> bool:
-    """Whether the resident kernel may run a forward pass: float32 data (half data computes
+    """Whether the resident kernels may run a pass: float32 data (half data computes
     in float32) under math="strict", without quantization or lengths."""
     return np.dtype(dtype).itemsize == 4 and math == "strict" and not qat and not lengths
 
@@ -503,7 +519,7 @@ def resident_empty(plan, B):
 
 
 def resident_plan(B, H, D, dtype, qat=False, lengths=False, math="strict"):
-    """The resident split of a forward pass on the current GPU (resident_split), or None
+    """The resident split of a pass on the current GPU (resident_split), or None
     where the kernel does not apply (resident_applies) or no split fits."""
     if not resident_applies(dtype, qat, lengths, math):
         return None
@@ -958,8 +974,6 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
 
 def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
     if path == "resident":
-        if backward:
-            return STEPS
         plan = resident_plan(B, H, D, dtype, qat, lengths, math)
         if plan is None:
             raise ValueError(
@@ -978,9 +992,8 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
                          "(docs/gru-design.md lists its limits); use path='auto' or 'steps'")
     if path == "fast" or auto_takes(fast, B, H, D, backward):
         return fast
-    if not backward:
-        plan = resident_plan(B, H, D, dtype, qat, lengths, math)
-        if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
-                and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
-            return plan
+    plan = resident_plan(B, H, D, dtype, qat, lengths, math)
+    if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
+            and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
+        return plan
     return STEPS
