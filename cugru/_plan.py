@@ -65,6 +65,9 @@ GRID_AUTO_MAX_WAVES = 2
 #: GPU whose SMs hold no other split runs per step
 RESIDENT_AUTO_MAX_EMPTY = 0.0
 RESIDENT_AUTO_SPLITS = ((64, 32, 1), (32, 16, 4))
+#: path="auto" takes the resident backward kernel under the same rule only once it has
+#: been measured against the per-step backward pass (tools/resident_ab.py): until then, off
+RESIDENT_AUTO_BACKWARD = False
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024
@@ -994,6 +997,7 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
         return fast
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)
     if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
-            and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
+            and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY \
+            and (RESIDENT_AUTO_BACKWARD or not backward):
         return plan
     return STEPS

@@ -926,6 +926,7 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_alone_on_the_resident
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
     monkeypatch.setattr(_plan, "_persist_resident_blocks", lambda *a: 1)
+    monkeypatch.setattr(_plan, "RESIDENT_AUTO_BACKWARD", True)
     monkeypatch.setattr(_device, "device", lambda: types.SimpleNamespace(
         cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
     _plan._fast_plan.cache_clear()
@@ -954,6 +955,10 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     want = plans.resident_split(256, 512, 2, **H200)
     assert plans.choose("auto", 256, 512, 2, f32, False, 50, 512) == want
     assert plans.choose("resident", 256, 512, 2, f32, False, 50, 512) == want
+    # (the backward kernel under auto waits for its measurement: RESIDENT_AUTO_BACKWARD)
+    assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) is plans.STEPS
+    monkeypatch.setattr(_plan, "RESIDENT_AUTO_BACKWARD", True)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
     assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) == want
     assert plans.choose("resident", 256, 512, 2, f32, True, 50, 512) == want
     for kw in ({"math": "tf32"}, {"qat": True}, {"lengths": True}):

@@ -246,6 +246,8 @@ gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ ga
     constexpr int KK = KC / KSB, OPT = ROWS * UNITS / GRU_RESIDENT_THREADS;
     constexpr int LOADS = (ROWS * KC / 4 + GRU_RESIDENT_THREADS - 1) / GRU_RESIDENT_THREADS;
     static_assert(TR == 4, "a thread's rows are one 16-byte load of the transposed chunk");
+    static_assert(UNITS % 4 == 0 && ROWS % TR == 0 && HP % 4 == 0,
+                  "16-byte loads and stores of w_s, the chunks and the groups' sums");
     static_assert(KSB * NT1 == GRU_RESIDENT_THREADS && KK * KSB == KC && KK >= 1,
                   "the groups fill the block and split a chunk evenly");
     static_assert(OPT * GRU_RESIDENT_THREADS == ROWS * UNITS, "every thread takes OPT units");
