@@ -425,15 +425,18 @@ def persist_cost(plan, B, H, D, itemsize=4):
 class ResidentPlan:
     """The resident kernels' split (gru_resident.cu): blocks of `rows` batch rows x `units`
     hidden units, `k_split` groups of threads splitting the forward product's k, `blocks`
-    blocks per direction, `smem` bytes of dynamic shared memory a forward block (a backward
-    block takes at most as much: catalog.resident_smem). Float32, strict, no quantization,
-    no lengths. Each pass is one cooperative launch and keeps the shared layout of the
-    history and gate gradients, so either pass may pair with another plan's."""
+    blocks per direction, `smem` bytes of dynamic shared memory a forward block, and
+    `back_chunk` the chunk of j the backward kernel sums in (one of
+    catalog.RESIDENT_BACKWARD_CHUNKS: resident_splits takes the widest whose block fits;
+    RESIDENT_CHUNK's block never takes more than the forward one). Float32, strict, no
+    quantization, no lengths. Each pass is one cooperative launch and keeps the shared
+    layout of the history and gate gradients, so either pass may pair with another plan's."""
     rows: int
     units: int
     k_split: int
     blocks: int
     smem: int
+    back_chunk: int = cat.RESIDENT_CHUNK
     scope = "resident"
     writes_h_n = False
     whole_pass = False
@@ -477,9 +480,9 @@ class ResidentPlan:
             STEPS.backward(loop, p)     # (as in forward: 16-byte loads of W_hh and dgh)
             return
         STEPS.start_backward(p)
-        smem = cat.resident_smem(self.split, p.H, backward=True)
-        kern = dev.shared(dev.kernel("gru_resident.cu", cat.resident_backward(self.split)),
-                          smem)
+        smem = cat.resident_smem(self.split, p.H, self.back_chunk)
+        name = cat.resident_backward(self.split, self.back_chunk)
+        kern = dev.shared(dev.kernel("gru_resident.cu", name), smem)
         loop.launch(kern, (self.blocks, p.D), (cat.RESIDENT_THREADS,),
                     {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": p.dh0, "dgi": p.dgi,
                      "dgh": p.dgh, "w_hh": p.w_hh, "barrier": dev.cupy().zeros(p.D, np.uint32),
@@ -495,9 +498,11 @@ def resident_splits(B, H, D, sms, smem_limit):
     out = []
     for rows, units, k_split in cat.RESIDENT_SPLITS:
         blocks = -(-B // rows) * -(-H // units)
-        smem = cat.resident_smem((rows, units, k_split), H)
+        split = (rows, units, k_split)
+        smem = cat.resident_smem(split, H)
         if D * blocks <= sms and smem <= smem_limit:
-            out.append(ResidentPlan(rows, units, k_split, blocks, smem))
+            out.append(ResidentPlan(rows, units, k_split, blocks, smem,
+                                    cat.resident_backward_chunk(split, H, smem_limit)))
     return out
 
 

@@ -821,8 +821,8 @@ _RESIDENT_CASES = [(split, case) for split in plans.RESIDENT_SPLITS
 def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch, split, case):
     """The resident kernels of each split (ResidentPlan: both passes, neither per step)
     against the oracle: both directions (one at the largest H), at B and H beside its
-    blocks' edges; inference gives the training pass's bits, and a second run the same
-    bits."""
+    blocks' edges, the backward kernel in each of its chunks that fits; inference gives
+    the training pass's bits, and a second run the same bits."""
     def per_step(*args):
         raise AssertionError("the resident plan ran a pass per step")
     monkeypatch.setattr(plans.StepsPlan, "forward", per_step)
@@ -835,10 +835,16 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
         H, D = _resident_top(cp, split), 1
     blocks = -(-B // rows) * -(-H // units)
     assert D * blocks <= cp.cuda.Device().attributes["MultiProcessorCount"]
-    plan = plans.ResidentPlan(rows, units, k_split, blocks, _catalog.resident_smem(split, H))
+    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    chunks = [c for c in plans.RESIDENT_BACKWARD_CHUNKS
+              if _catalog.resident_smem(split, H, c) <= limit]
+    assert _catalog.RESIDENT_CHUNK in chunks
     p = problem(rng, T, B, I, H, D == 2)
-    got = _run_plan(cp, monkeypatch, p, np.float32, plan)
-    _check(got, p, np.float32)
+    for chunk in chunks:
+        plan = plans.ResidentPlan(rows, units, k_split, blocks,
+                                  _catalog.resident_smem(split, H), chunk)
+        got = _run_plan(cp, monkeypatch, p, np.float32, plan)
+        _check(got, p, np.float32)
     g = to_gpu(cp, cast(p, np.float32))
     y, hn, _ = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=D == 2,
                                  training=False, path="fast")

@@ -305,8 +305,8 @@ def resident_forward(split, train):
     return run
 
 
-def resident_backward(split):
-    """gru_resident_backward<ROWS, UNITS>: block x of grid row d keeps its units' columns of
+def resident_backward(split, chunk):
+    """gru_resident_backward<ROWS, UNITS, KC = chunk>: block x of grid row d keeps its units' columns of
     W_hh as the kernel stages them (w_s[j][uu], zero beyond 3H and H) and its units' carried
     gradient (zero beyond B and H); every step, the product of dgh_{s+1}'s rows (zero beyond
     B and 3H) with w_s added to dh * z, then the cell (gate_step) on the units within B and
@@ -320,12 +320,12 @@ def resident_backward(split):
         UB = -(-H // units)
         assert cooperative and block == (_catalog.RESIDENT_THREADS,)
         assert nblocks == -(-B // rows) * UB
-        assert smem == _catalog.resident_smem(split, H, backward=True)
+        assert smem == _catalog.resident_smem(split, H, chunk)
         assert barrier.shape == (D,) and barrier.dtype == np.uint32 and not barrier.any()
         dy, gates, hs, dh, dgi, dgh, w_hh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi,
                                                                      dgh, w_hh))
         BH, H3 = B * H, 3 * H
-        JK = -(-H3 // _catalog.RESIDENT_CHUNK) * _catalog.RESIDENT_CHUNK
+        JK = -(-H3 // chunk) * chunk
         j = np.arange(JK)
         blocks = []
         for x in range(nblocks):
@@ -679,7 +679,9 @@ def host_device(monkeypatch):
             # (the resident kernels are float32's alone: their tests run float32 data, and
             # the per-step path's on it where the plan falls back to it)
             runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
-        runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
+        for chunk in _catalog.RESIDENT_BACKWARD_CHUNKS:
+            runs["gru_resident.cu", _catalog.resident_backward(split, chunk)] = \
+                resident_backward(split, chunk)
     runs.update({("gru_steps.cu", _catalog.step_backward("float")): backward_step,
                  ("gru_tail.cu", _catalog.sum_chunks("float")): sum_chunks,
                  ("gru_tail.cu", _catalog.bias_sums("float")): bias_sums})
@@ -811,7 +813,9 @@ def test_resident_plan_computes_the_oracle(host_device, rng, monkeypatch, split,
     D = 2 if bi else 1
     rows, units, k_split = split
     plan = plans.ResidentPlan(rows, units, k_split, -(-B // rows) * -(-H // units),
-                              _catalog.resident_smem(split, H))
+                              _catalog.resident_smem(split, H),
+                              _catalog.resident_backward_chunk(split, H, H200["smem_limit"]))
+    assert plan.back_chunk == max(_catalog.RESIDENT_BACKWARD_CHUNKS)
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
@@ -876,19 +880,36 @@ def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory()
         assert k_split * group == _catalog.RESIDENT_THREADS
         assert _catalog.RESIDENT_CHUNK % (4 * k_split) == 0
     assert _catalog.resident_smem((64, 32, 1), 512) == (512 * 96 + 2 * 32 * 68) * 4
-    # backward: W_hh's columns over 3H rounded up to a chunk, then the larger of two chunks
-    # of d_gate_h and every group's sums (32 x 16: 8 groups, sums larger than two chunks)
+    # backward: W_hh's columns over 3H rounded up to its chunk, then the larger of two
+    # chunks of d_gate_h and every group's sums (32 x 16: 8 groups)
     assert _catalog.resident_backward_split((64, 32, 1)) == 2
     assert _catalog.resident_backward_split((32, 16, 4)) == 8
-    assert _catalog.resident_smem((64, 32, 1), 512, backward=True) == \
-        (1536 * 32 + 2 * 32 * 68) * 4
-    assert _catalog.resident_smem((32, 16, 4), 1000, backward=True) == \
-        (3008 * 16 + 8 * 32 * 16) * 4
-    # a backward block never takes more than a forward one: it fits wherever the plan does
+    assert _catalog.resident_smem((64, 32, 1), 512, 32) == (1536 * 32 + 2 * 32 * 68) * 4
+    assert _catalog.resident_smem((64, 32, 1), 512, 64) == (1536 * 32 + 2 * 64 * 68) * 4
+    assert _catalog.resident_smem((32, 16, 4), 1000, 32) == (3008 * 16 + 8 * 32 * 16) * 4
+    assert _catalog.resident_smem((32, 16, 4), 1000, 96) == (3072 * 16 + 2 * 96 * 36) * 4
+    # the forward's chunk never takes more than the forward block, so every split that fits
+    # forward fits backward; the plan takes the widest chunk that fits
+    assert _catalog.RESIDENT_CHUNK in _catalog.RESIDENT_BACKWARD_CHUNKS
+    assert list(_catalog.RESIDENT_BACKWARD_CHUNKS) == sorted(_catalog.RESIDENT_BACKWARD_CHUNKS,
+                                                             reverse=True)
+    limit = H200["smem_limit"]
     for split in _catalog.RESIDENT_SPLITS:
+        for c in _catalog.RESIDENT_BACKWARD_CHUNKS:      # (4 x 4 tiles: 4 j a group at least)
+            assert c % (4 * _catalog.resident_backward_split(split)) == 0
         for H in range(1, 2049):
-            assert _catalog.resident_smem(split, H, backward=True) <= \
+            assert _catalog.resident_smem(split, H, _catalog.RESIDENT_CHUNK) <= \
                 _catalog.resident_smem(split, H), (split, H)
+            if _catalog.resident_smem(split, H) > limit:
+                continue
+            c = _catalog.resident_backward_chunk(split, H, limit)
+            assert _catalog.resident_smem(split, H, c) <= limit
+            assert all(_catalog.resident_smem(split, H, w) > limit
+                       for w in _catalog.RESIDENT_BACKWARD_CHUNKS if w > c), (split, H)
+    assert _catalog.resident_backward_chunk((64, 32, 1), 512, limit) == 64
+    assert _catalog.resident_backward_chunk((64, 32, 1), 513, limit) == 32
+    assert _catalog.resident_backward_chunk((32, 16, 4), 1024, limit) == 96
+    assert _catalog.resident_backward_chunk((64, 32, 1), 1000, limit) == 0
     assert _catalog.resident_smem((32, 16, 4), 1000) == \
         (1024 * 48 + 2 * 32 * 36 + 3 * 24 * 64) * 4
 

@@ -46,10 +46,10 @@ __device__ __forceinline__ float4 gru_res_row4(const float* src, int k, int n, b
 
 // one chunk (rows r0.. of ROWS, elements k0.. of KC) of a matrix of rows of n elements
 // (h: n = H; d_gate_h: n = 3H) into registers: zeros beyond B and n
-template <int ROWS, int LOADS>
+template <int ROWS, int KC, int LOADS>
 __device__ __forceinline__ void gru_res_load(float4 (&v)[LOADS], const float* base, int r0,
                                              int B, int n, int k0, bool vec) {
-    constexpr int Q = GRU_RESIDENT_CHUNK / 4;
+    constexpr int Q = KC / 4;
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
         const int e = threadIdx.x + i * GRU_RESIDENT_THREADS, row = e / Q;
@@ -62,9 +62,9 @@ __device__ __forceinline__ void gru_res_load(float4 (&v)[LOADS], const float* ba
 
 // the chunk into shared memory, transposed (KC x HP): a thread's TR rows at one k are one
 // 16-byte load
-template <int ROWS, int LOADS>
+template <int ROWS, int KC, int LOADS>
 __device__ __forceinline__ void gru_res_store(float* h_s, const float4 (&v)[LOADS]) {
-    constexpr int Q = GRU_RESIDENT_CHUNK / 4, HP = ROWS + GRU_RESIDENT_ROW_PAD;
+    constexpr int Q = KC / 4, HP = ROWS + GRU_RESIDENT_ROW_PAD;
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
         const int e = threadIdx.x + i * GRU_RESIDENT_THREADS, row = e / Q;
@@ -155,13 +155,13 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
 #pragma unroll
             for (int c = 0; c < 6; ++c) acc[i][c] = 0.f;
         float4 v[LOADS];
-        gru_res_load<ROWS>(v, hin, r0, B, H, 0, vec);
-        gru_res_store<ROWS>(h_s, v);
+        gru_res_load<ROWS, KC>(v, hin, r0, B, H, 0, vec);
+        gru_res_store<ROWS, KC>(h_s, v);
         __syncthreads();
         const int chunks = HK / KC;
         for (int kc = 0; kc < chunks; ++kc) {
             const bool more = kc + 1 < chunks;
-            if (more) gru_res_load<ROWS>(v, hin, r0, B, H, (kc + 1) * KC, vec);
+            if (more) gru_res_load<ROWS, KC>(v, hin, r0, B, H, (kc + 1) * KC, vec);
             const float* hb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
             const float* wb = w_s + (kc * KC + grp * KK) * NC + tx * 6;
 #pragma unroll
@@ -177,7 +177,7 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
 #pragma unroll
                     for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
             }
-            if (more) gru_res_store<ROWS>(h_s + ((kc + 1) & 1) * KC * HP, v);
+            if (more) gru_res_store<ROWS, KC>(h_s + ((kc + 1) & 1) * KC * HP, v);
             __syncthreads();
         }
         if (KS > 1) {
@@ -234,13 +234,13 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
 // x 4 units, group g summing the g-th of the KSB slices of every chunk in j order. The
 // groups' sums meet in shared memory, where each unit's thread adds them in group order to
 // its dh*z: the carried gradient of step s - 1 (after step 0: dh0, stored to dh).
-template <int ROWS, int UNITS>
+template <int ROWS, int UNITS, int KC>
 __global__ void __launch_bounds__(GRU_RESIDENT_THREADS, 1)
 gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ gates,
                       const float* __restrict__ hs, float* __restrict__ dh,
                       float* __restrict__ dgi, float* dgh, const float* __restrict__ w_hh,
                       unsigned int* barrier, int steps, int B, int H) {
-    constexpr int TR = GRU_RESIDENT_THREAD_ROWS, KC = GRU_RESIDENT_CHUNK;
+    constexpr int TR = GRU_RESIDENT_THREAD_ROWS;
     constexpr int HP = ROWS + GRU_RESIDENT_ROW_PAD;
     constexpr int NT1 = (ROWS / TR) * (UNITS / 4), KSB = GRU_RESIDENT_THREADS / NT1;
     constexpr int KK = KC / KSB, OPT = ROWS * UNITS / GRU_RESIDENT_THREADS;
@@ -314,13 +314,13 @@ gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ ga
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
             float4 v[LOADS];
-            gru_res_load<ROWS>(v, src, r0, B, H3, 0, vec);
-            gru_res_store<ROWS>(h_s, v);
+            gru_res_load<ROWS, KC>(v, src, r0, B, H3, 0, vec);
+            gru_res_store<ROWS, KC>(h_s, v);
             __syncthreads();
             const int chunks = JK / KC;
             for (int kc = 0; kc < chunks; ++kc) {
                 const bool more = kc + 1 < chunks;
-                if (more) gru_res_load<ROWS>(v, src, r0, B, H3, (kc + 1) * KC, vec);
+                if (more) gru_res_load<ROWS, KC>(v, src, r0, B, H3, (kc + 1) * KC, vec);
                 const float* gb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
                 const float* wb = w_s + (kc * KC + grp * KK) * UNITS + tx * 4;
 #pragma unroll
@@ -334,7 +334,7 @@ gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ ga
 #pragma unroll
                         for (int c = 0; c < 4; ++c) acc[i][c] = fmaf(gr[i], wc[c], acc[i][c]);
                 }
-                if (more) gru_res_store<ROWS>(h_s + ((kc + 1) & 1) * KC * HP, v);
+                if (more) gru_res_store<ROWS, KC>(h_s + ((kc + 1) & 1) * KC * HP, v);
                 __syncthreads();
             }
 #pragma unroll
