@@ -83,8 +83,7 @@ def plan_name(plan) -> str:
     if isinstance(plan, plans.PersistPlan):
         return f"persist({plan.blocks} blocks)"
     if isinstance(plan, plans.ResidentPlan):
-        return (f"resident({plan.rows}x{plan.units}, k/{plan.k_split}, {plan.blocks} blocks, "
-                f"j{plan.back_chunk})")
+        return f"resident({plan.rows}x{plan.units}, k/{plan.k_split}, {plan.blocks} blocks)"
     return f"tile({plan.scope}, {plan.tile}, {plan.units} units)"
 
 

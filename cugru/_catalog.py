@@ -112,12 +112,12 @@ RESIDENT_THREAD_ROWS = 4
 #: per group; the backward kernel, of the same blocks, its own groups of threads of 4 rows x
 #: 4 units (resident_backward_split)
 RESIDENT_SPLITS = ((64, 32, 1), (64, 16, 2), (32, 16, 4))
-#: the chunks of j (the k of the product dgh_s W_hh) the resident backward kernel is built
-#: for, widest first: a plan takes the widest its block's shared memory holds beside the
-#: W_hh columns (resident_backward_chunk). A chunk is one wait on L2 and one __syncthreads;
-#: RESIDENT_CHUNK's is always among them, and needs no more shared memory than the forward
-#: block, so every split that fits forward fits backward.
-RESIDENT_BACKWARD_CHUNKS = (96, 64, RESIDENT_CHUNK)
+#: each split's chunk of j (the k of the product dgh_s W_hh) in the resident backward kernel:
+#: one wait on L2 and one __syncthreads a chunk. Measured on an H200 (docs/gpu-report.md,
+#: chunks of 32, 64 and 96): 64 was fastest on 32 x 16 blocks, 32 on the blocks of 64 rows
+#: (whose wider chunks hold more loads in registers). A backward block never takes more
+#: shared memory than the forward one (resident_smem), so it fits wherever the plan does.
+RESIDENT_BACKWARD_CHUNK = {(64, 32, 1): 32, (64, 16, 2): 32, (32, 16, 4): 64}
 
 #: the bias sums of few rows (gru_bias_sums): a block takes BIAS_COLS columns of the gate
 #: gradients, and BIAS_LANES threads share each column's rows (GRU_BIAS_COLS, GRU_BIAS_LANES)
@@ -258,13 +258,12 @@ def resident_forward(split, train):
 
 
 @functools.lru_cache(maxsize=None)
-def resident_backward(split, chunk):
-    """The resident backward kernel of `split`'s blocks (rows x units) summing its product
-    in chunks of `chunk` (RESIDENT_BACKWARD_CHUNKS) of j: float32 only. Its threads take
-    4 rows x 4 units each, so it splits the product its own number of ways
-    (resident_backward_split)."""
+def resident_backward(split):
+    """The resident backward kernel of `split`'s blocks (rows x units), summing its product
+    in chunks of RESIDENT_BACKWARD_CHUNK[split] of j: float32 only. Its threads take 4 rows x
+    4 units each, so it splits the product its own number of ways (resident_backward_split)."""
     rows, units, _ = split
-    return f"gru_resident_backward<{rows},{units},{chunk}>"
+    return f"gru_resident_backward<{rows},{units},{RESIDENT_BACKWARD_CHUNK[split]}>"
 
 
 def resident_backward_split(split):
@@ -275,29 +274,22 @@ def resident_backward_split(split):
     return RESIDENT_THREADS // (rows // RESIDENT_THREAD_ROWS * (units // 4))
 
 
-def resident_smem(split, H, backward_chunk=0):
+def resident_smem(split, H, backward=False):
     """Bytes of shared memory a block of the resident kernel of `split` takes at hidden size
-    H. Forward (backward_chunk 0): its W_hh columns (k rounded up to a chunk), two chunks of
-    h and groups 1..'s sums. Backward, in chunks of `backward_chunk`: its W_hh columns (3H
-    rows rounded up to a chunk), then two chunks of d_gate_h or, in the same place, every
-    group's sums, whichever is larger."""
+    H. Forward: its W_hh columns (k rounded up to a chunk), two chunks of h and groups 1..'s
+    sums. Backward: its W_hh columns (3H rows rounded up to its chunk), then two chunks of
+    d_gate_h or, in the same place, every group's sums, whichever is larger."""
     rows, units, k_split = split
-    if backward_chunk:
-        jk = -(-3 * H // backward_chunk) * backward_chunk
-        chunks = 2 * backward_chunk * (rows + RESIDENT_ROW_PAD)
+    if backward:
+        chunk = RESIDENT_BACKWARD_CHUNK[split]
+        jk = -(-3 * H // chunk) * chunk
+        chunks = 2 * chunk * (rows + RESIDENT_ROW_PAD)
         return (jk * units + max(chunks, resident_backward_split(split) * rows * units)) * 4
     hk = -(-H // RESIDENT_CHUNK) * RESIDENT_CHUNK
     group = RESIDENT_THREADS // k_split
     chunks = 2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD)
     floats = hk * 3 * units + chunks + (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group
     return floats * 4
-
-
-def resident_backward_chunk(split, H, smem_limit):
-    """The widest of RESIDENT_BACKWARD_CHUNKS whose backward block fits `smem_limit` bytes
-    at hidden size H, or 0 where none does."""
-    return next((c for c in RESIDENT_BACKWARD_CHUNKS
-                 if resident_smem(split, H, c) <= smem_limit), 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -408,8 +400,7 @@ INSTANCES = {
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),
     "gru_resident.cu": lambda: {"float": tuple(n for s in RESIDENT_SPLITS for n in (
-        resident_forward(s, False), resident_forward(s, True))) + tuple(
-        resident_backward(s, c) for s in RESIDENT_SPLITS for c in RESIDENT_BACKWARD_CHUNKS)},
+        resident_forward(s, False), resident_forward(s, True), resident_backward(s)))},
     "gru_cast.cu": lambda: {"cast": tuple(n for f in HALF_FORMATS
                                           for n in (widen(f), narrow(f)))},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)

@@ -24,8 +24,8 @@ runs the whole pass (``whole_pass``).
 ``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
-the per-step path, else a ResidentPlan where ``resident_plan`` finds one of
-RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
+the per-step path, else a ResidentPlan where ``resident_plan`` finds one and
+``resident_auto_takes`` says it beats the per-step path, else STEPS.
 """
 from __future__ import annotations
 
@@ -65,9 +65,16 @@ GRID_AUTO_MAX_WAVES = 2
 #: GPU whose SMs hold no other split runs per step
 RESIDENT_AUTO_MAX_EMPTY = 0.0
 RESIDENT_AUTO_SPLITS = ((64, 32, 1), (32, 16, 4))
-#: path="auto" takes the resident backward kernel under the same rule only once it has
-#: been measured against the per-step backward pass (tools/resident_ab.py): until then, off
-RESIDENT_AUTO_BACKWARD = False
+#: path="auto" takes the resident kernel for a backward pass it would otherwise run per step
+#: with both directions and H of at least RESIDENT_AUTO_BACKWARD_MIN_H, on any split that
+#: fits, however many of its rows lie beyond B. Its blocks run the two directions side by
+#: side, where the per-step path's step costs about twice one direction's. Measured on an
+#: H200 (tools/resident_ab.py, the backward recurrence, µs a step, resident against per
+#: step): S10 42.6 against 44.4, O14 37.8 against 45.6 (a quarter of its rows empty), O5
+#: 27.6 against 49.7 (B = 3; auto keeps the persist kernels' 34.2 there, a fast plan being
+#: taken first); with one direction it lost (S9 31.6 against 21.7, O16 27.7 against 14.9).
+#: Below H = 512 it was not measured
+RESIDENT_AUTO_BACKWARD_MIN_H = 512
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024
@@ -425,18 +432,15 @@ def persist_cost(plan, B, H, D, itemsize=4):
 class ResidentPlan:
     """The resident kernels' split (gru_resident.cu): blocks of `rows` batch rows x `units`
     hidden units, `k_split` groups of threads splitting the forward product's k, `blocks`
-    blocks per direction, `smem` bytes of dynamic shared memory a forward block, and
-    `back_chunk` the chunk of j the backward kernel sums in (one of
-    catalog.RESIDENT_BACKWARD_CHUNKS: resident_splits takes the widest whose block fits;
-    RESIDENT_CHUNK's block never takes more than the forward one). Float32, strict, no
-    quantization, no lengths. Each pass is one cooperative launch and keeps the shared
-    layout of the history and gate gradients, so either pass may pair with another plan's."""
+    blocks per direction, `smem` bytes of dynamic shared memory a forward block (a backward
+    block takes at most as much: catalog.resident_smem). Float32, strict, no quantization,
+    no lengths. Each pass is one cooperative launch and keeps the shared layout of the
+    history and gate gradients, so either pass may pair with another plan's."""
     rows: int
     units: int
     k_split: int
     blocks: int
     smem: int
-    back_chunk: int = cat.RESIDENT_CHUNK
     scope = "resident"
     writes_h_n = False
     whole_pass = False
@@ -480,9 +484,9 @@ class ResidentPlan:
             STEPS.backward(loop, p)     # (as in forward: 16-byte loads of W_hh and dgh)
             return
         STEPS.start_backward(p)
-        smem = cat.resident_smem(self.split, p.H, self.back_chunk)
-        name = cat.resident_backward(self.split, self.back_chunk)
-        kern = dev.shared(dev.kernel("gru_resident.cu", name), smem)
+        smem = cat.resident_smem(self.split, p.H, backward=True)
+        kern = dev.shared(dev.kernel("gru_resident.cu", cat.resident_backward(self.split)),
+                          smem)
         loop.launch(kern, (self.blocks, p.D), (cat.RESIDENT_THREADS,),
                     {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": p.dh0, "dgi": p.dgi,
                      "dgh": p.dgh, "w_hh": p.w_hh, "barrier": dev.cupy().zeros(p.D, np.uint32),
@@ -498,11 +502,9 @@ def resident_splits(B, H, D, sms, smem_limit):
     out = []
     for rows, units, k_split in cat.RESIDENT_SPLITS:
         blocks = -(-B // rows) * -(-H // units)
-        split = (rows, units, k_split)
-        smem = cat.resident_smem(split, H)
+        smem = cat.resident_smem((rows, units, k_split), H)
         if D * blocks <= sms and smem <= smem_limit:
-            out.append(ResidentPlan(rows, units, k_split, blocks, smem,
-                                    cat.resident_backward_chunk(split, H, smem_limit)))
+            out.append(ResidentPlan(rows, units, k_split, blocks, smem))
     return out
 
 
@@ -1001,8 +1003,17 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
     if path == "fast" or auto_takes(fast, B, H, D, backward):
         return fast
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)
-    if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
-            and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY \
-            and (RESIDENT_AUTO_BACKWARD or not backward):
+    if plan is not None and resident_auto_takes(plan, B, H, D, backward):
         return plan
     return STEPS
+
+
+def resident_auto_takes(plan, B, H, D, backward) -> bool:
+    """Whether path="auto" runs a pass on the resident plan `plan` (of batch B, hidden size
+    H, D directions) where it would otherwise run it per step: forward on the splits of
+    RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), backward with both
+    directions from RESIDENT_AUTO_BACKWARD_MIN_H up."""
+    if backward:
+        return D == 2 and H >= RESIDENT_AUTO_BACKWARD_MIN_H
+    return plan.split in RESIDENT_AUTO_SPLITS and \
+        resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY

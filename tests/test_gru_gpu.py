@@ -821,8 +821,8 @@ _RESIDENT_CASES = [(split, case) for split in plans.RESIDENT_SPLITS
 def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch, split, case):
     """The resident kernels of each split (ResidentPlan: both passes, neither per step)
     against the oracle: both directions (one at the largest H), at B and H beside its
-    blocks' edges, the backward kernel in each of its chunks that fits; inference gives
-    the training pass's bits, and a second run the same bits."""
+    blocks' edges; inference gives the training pass's bits, and a second run the same
+    bits."""
     def per_step(*args):
         raise AssertionError("the resident plan ran a pass per step")
     monkeypatch.setattr(plans.StepsPlan, "forward", per_step)
@@ -835,16 +835,10 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
         H, D = _resident_top(cp, split), 1
     blocks = -(-B // rows) * -(-H // units)
     assert D * blocks <= cp.cuda.Device().attributes["MultiProcessorCount"]
-    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    chunks = [c for c in plans.RESIDENT_BACKWARD_CHUNKS
-              if _catalog.resident_smem(split, H, c) <= limit]
-    assert _catalog.RESIDENT_CHUNK in chunks
+    plan = plans.ResidentPlan(rows, units, k_split, blocks, _catalog.resident_smem(split, H))
     p = problem(rng, T, B, I, H, D == 2)
-    for chunk in chunks:
-        plan = plans.ResidentPlan(rows, units, k_split, blocks,
-                                  _catalog.resident_smem(split, H), chunk)
-        got = _run_plan(cp, monkeypatch, p, np.float32, plan)
-        _check(got, p, np.float32)
+    got = _run_plan(cp, monkeypatch, p, np.float32, plan)
+    _check(got, p, np.float32)
     g = to_gpu(cp, cast(p, np.float32))
     y, hn, _ = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=D == 2,
                                  training=False, path="fast")
@@ -855,16 +849,15 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
 
 def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
     """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the resident
-    forward kernel on this GPU (where a split fits), and the resident backward kernel where
-    RESIDENT_AUTO_BACKWARD lets it, and gives the oracle's results."""
+    kernels on this GPU for both passes (where a split fits), and gives the oracle's
+    results."""
     T, B, I, H = 3, 256, 7, 512
     f32 = np.dtype(np.float32)
     plan = plans.choose("auto", B, H, 2, f32, False, T, I)
     if plans.resident_plan(B, H, 2, f32) is None:
         pytest.skip("no resident split fits this GPU")
     assert isinstance(plan, plans.ResidentPlan), plan
-    assert plans.choose("auto", B, H, 2, f32, True, T, I) == \
-        (plan if _plan.RESIDENT_AUTO_BACKWARD else plans.STEPS)
+    assert plans.choose("auto", B, H, 2, f32, True, T, I) == plan
     p = problem(rng, T, B, I, H, True)
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))], p, np.float32)
 

@@ -305,8 +305,8 @@ def resident_forward(split, train):
     return run
 
 
-def resident_backward(split, chunk):
-    """gru_resident_backward<ROWS, UNITS, KC = chunk>: block x of grid row d keeps its units' columns of
+def resident_backward(split):
+    """gru_resident_backward<ROWS, UNITS, KC>: block x of grid row d keeps its units' columns of
     W_hh as the kernel stages them (w_s[j][uu], zero beyond 3H and H) and its units' carried
     gradient (zero beyond B and H); every step, the product of dgh_{s+1}'s rows (zero beyond
     B and 3H) with w_s added to dh * z, then the cell (gate_step) on the units within B and
@@ -320,11 +320,12 @@ def resident_backward(split, chunk):
         UB = -(-H // units)
         assert cooperative and block == (_catalog.RESIDENT_THREADS,)
         assert nblocks == -(-B // rows) * UB
-        assert smem == _catalog.resident_smem(split, H, chunk)
+        assert smem == _catalog.resident_smem(split, H, backward=True)
         assert barrier.shape == (D,) and barrier.dtype == np.uint32 and not barrier.any()
         dy, gates, hs, dh, dgi, dgh, w_hh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi,
                                                                      dgh, w_hh))
         BH, H3 = B * H, 3 * H
+        chunk = _catalog.RESIDENT_BACKWARD_CHUNK[split]
         JK = -(-H3 // chunk) * chunk
         j = np.arange(JK)
         blocks = []
@@ -679,9 +680,7 @@ def host_device(monkeypatch):
             # (the resident kernels are float32's alone: their tests run float32 data, and
             # the per-step path's on it where the plan falls back to it)
             runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
-        for chunk in _catalog.RESIDENT_BACKWARD_CHUNKS:
-            runs["gru_resident.cu", _catalog.resident_backward(split, chunk)] = \
-                resident_backward(split, chunk)
+        runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
     runs.update({("gru_steps.cu", _catalog.step_backward("float")): backward_step,
                  ("gru_tail.cu", _catalog.sum_chunks("float")): sum_chunks,
                  ("gru_tail.cu", _catalog.bias_sums("float")): bias_sums})
@@ -813,9 +812,7 @@ def test_resident_plan_computes_the_oracle(host_device, rng, monkeypatch, split,
     D = 2 if bi else 1
     rows, units, k_split = split
     plan = plans.ResidentPlan(rows, units, k_split, -(-B // rows) * -(-H // units),
-                              _catalog.resident_smem(split, H),
-                              _catalog.resident_backward_chunk(split, H, H200["smem_limit"]))
-    assert plan.back_chunk == max(_catalog.RESIDENT_BACKWARD_CHUNKS)
+                              _catalog.resident_smem(split, H))
     p = problem(rng, T, B, I, H, bi, with_h0=h0)
     ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
@@ -880,36 +877,22 @@ def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory()
         assert k_split * group == _catalog.RESIDENT_THREADS
         assert _catalog.RESIDENT_CHUNK % (4 * k_split) == 0
     assert _catalog.resident_smem((64, 32, 1), 512) == (512 * 96 + 2 * 32 * 68) * 4
-    # backward: W_hh's columns over 3H rounded up to its chunk, then the larger of two
-    # chunks of d_gate_h and every group's sums (32 x 16: 8 groups)
+    # backward: W_hh's columns over 3H rounded up to a chunk, then the larger of two chunks
+    # of d_gate_h and every group's sums (32 x 16: 8 groups, sums larger than two chunks)
     assert _catalog.resident_backward_split((64, 32, 1)) == 2
     assert _catalog.resident_backward_split((32, 16, 4)) == 8
-    assert _catalog.resident_smem((64, 32, 1), 512, 32) == (1536 * 32 + 2 * 32 * 68) * 4
-    assert _catalog.resident_smem((64, 32, 1), 512, 64) == (1536 * 32 + 2 * 64 * 68) * 4
-    assert _catalog.resident_smem((32, 16, 4), 1000, 32) == (3008 * 16 + 8 * 32 * 16) * 4
-    assert _catalog.resident_smem((32, 16, 4), 1000, 96) == (3072 * 16 + 2 * 96 * 36) * 4
-    # the forward's chunk never takes more than the forward block, so every split that fits
-    # forward fits backward; the plan takes the widest chunk that fits
-    assert _catalog.RESIDENT_CHUNK in _catalog.RESIDENT_BACKWARD_CHUNKS
-    assert list(_catalog.RESIDENT_BACKWARD_CHUNKS) == sorted(_catalog.RESIDENT_BACKWARD_CHUNKS,
-                                                             reverse=True)
-    limit = H200["smem_limit"]
+    assert _catalog.resident_smem((64, 32, 1), 512, backward=True) == \
+        (1536 * 32 + 2 * 32 * 68) * 4
+    assert _catalog.resident_smem((32, 16, 4), 1000, backward=True) == \
+        (3008 * 16 + 2 * 64 * 36) * 4
+    assert sorted(_catalog.RESIDENT_BACKWARD_CHUNK) == sorted(_catalog.RESIDENT_SPLITS)
+    for split, chunk in _catalog.RESIDENT_BACKWARD_CHUNK.items():     # (4 j a group at least)
+        assert chunk % (4 * _catalog.resident_backward_split(split)) == 0
+    # a backward block never takes more than a forward one: it fits wherever the plan does
     for split in _catalog.RESIDENT_SPLITS:
-        for c in _catalog.RESIDENT_BACKWARD_CHUNKS:      # (4 x 4 tiles: 4 j a group at least)
-            assert c % (4 * _catalog.resident_backward_split(split)) == 0
         for H in range(1, 2049):
-            assert _catalog.resident_smem(split, H, _catalog.RESIDENT_CHUNK) <= \
+            assert _catalog.resident_smem(split, H, backward=True) <= \
                 _catalog.resident_smem(split, H), (split, H)
-            if _catalog.resident_smem(split, H) > limit:
-                continue
-            c = _catalog.resident_backward_chunk(split, H, limit)
-            assert _catalog.resident_smem(split, H, c) <= limit
-            assert all(_catalog.resident_smem(split, H, w) > limit
-                       for w in _catalog.RESIDENT_BACKWARD_CHUNKS if w > c), (split, H)
-    assert _catalog.resident_backward_chunk((64, 32, 1), 512, limit) == 64
-    assert _catalog.resident_backward_chunk((64, 32, 1), 513, limit) == 32
-    assert _catalog.resident_backward_chunk((32, 16, 4), 1024, limit) == 96
-    assert _catalog.resident_backward_chunk((64, 32, 1), 1000, limit) == 0
     assert _catalog.resident_smem((32, 16, 4), 1000) == \
         (1024 * 48 + 2 * 32 * 36 + 3 * 24 * 64) * 4
 
@@ -936,18 +919,18 @@ def test_resident_split_takes_the_least_work_a_thread_that_fits_the_sms():
     assert plan.smem == _catalog.resident_smem(plan.split, 512) <= H200["smem_limit"]
 
 
-def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_alone_on_the_resident_kernel(
+def test_among_the_benchmark_s_shapes_auto_runs_s9_s10_and_o14_alone_on_the_resident_kernel(
         monkeypatch):
     """On an H200 stand-in (its SMs, its shared memory, the tile kernels' groups at once
-    as measured) path="auto" runs the forward pass of S9 and S10 on the resident kernel,
-    and no other shape of bench.paths' tables (S1-S10, O1-O16, A1-A6): the plans
+    as measured) path="auto" runs the forward pass of S9 and S10 and the backward pass of
+    S10 and O14 on the resident kernels, and no other pass of bench.paths' tables (S1-S10,
+    O1-O16, A1-A6): O5's backward pass keeps the persist kernels, and the plans
     docs/gpu-report.md's off-table runs had stay."""
     from bench.paths import ALL
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
     monkeypatch.setattr(_plan, "_persist_resident_blocks", lambda *a: 1)
-    monkeypatch.setattr(_plan, "RESIDENT_AUTO_BACKWARD", True)
     monkeypatch.setattr(_device, "device", lambda: types.SimpleNamespace(
         cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
     _plan._fast_plan.cache_clear()
@@ -959,14 +942,15 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_alone_on_the_resident
                                                T, I), plans.ResidentPlan)}
     finally:
         _plan._fast_plan.cache_clear()
-    assert resident == {(sid, backward) for sid in ("S9", "S10") for backward in (False, True)}
+    assert resident == {("S9", False), ("S10", False), ("S10", True), ("O14", True)}
 
 
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):
     """path="auto" takes the resident kernels for a pass that would run per step (float32
     or half data computing in float32, math="strict", no quant, no lengths, a split that
-    fits and B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY); path="resident" takes
-    them wherever they fit or is a ValueError naming what does not."""
+    fits; forward, B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY; backward, both
+    directions from RESIDENT_AUTO_BACKWARD_MIN_H up); path="resident" takes them wherever
+    they fit or is a ValueError naming what does not."""
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
@@ -976,11 +960,11 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     want = plans.resident_split(256, 512, 2, **H200)
     assert plans.choose("auto", 256, 512, 2, f32, False, 50, 512) == want
     assert plans.choose("resident", 256, 512, 2, f32, False, 50, 512) == want
-    # (the backward kernel under auto waits for its measurement: RESIDENT_AUTO_BACKWARD)
-    assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) is plans.STEPS
-    monkeypatch.setattr(_plan, "RESIDENT_AUTO_BACKWARD", True)
-    monkeypatch.setattr(_plan, "_CHOSEN", {})
     assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) == want
+    # backward: one direction, or H below the bound, runs per step
+    assert plans.choose("auto", 256, 512, 1, f32, True, 50, 512) is plans.STEPS
+    assert plans.resident_split(256, 511, 2, **H200) is not None
+    assert plans.choose("auto", 256, 511, 2, f32, True, 50, 512) is plans.STEPS
     assert plans.choose("resident", 256, 512, 2, f32, True, 50, 512) == want
     for kw in ({"math": "tf32"}, {"qat": True}, {"lengths": True}):
         for backward in (False, True):
@@ -992,11 +976,13 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     assert plans.choose("auto", 256, 512, 2, f64, True, 50, 512) is plans.STEPS
     o14 = plans.resident_split(48, 650, 2, **H200)          # (16 of its 64 rows empty)
     assert plans.resident_empty(o14, 48) == 0.25 > plans.RESIDENT_AUTO_MAX_EMPTY
+    assert plans.choose("auto", 48, 650, 2, f32, False, 100, 90) is plans.STEPS
+    assert plans.choose("auto", 48, 650, 2, f32, True, 100, 90) == o14
+    s9 = plans.choose("auto", 64, 1024, 1, f32, False, 100, 1024)
+    assert s9.split == (32, 16, 4) and plans.resident_empty(s9, 64) == 0
+    assert plans.choose("auto", 64, 1024, 1, f32, True, 100, 1024) is plans.STEPS
     for backward in (False, True):
-        assert plans.choose("auto", 48, 650, 2, f32, backward, 100, 90) is plans.STEPS
         assert plans.choose("resident", 48, 650, 2, f32, backward, 100, 90) == o14
-        s9 = plans.choose("auto", 64, 1024, 1, f32, backward, 100, 1024)
-        assert s9.split == (32, 16, 4) and plans.resident_empty(s9, 64) == 0
         assert plans.choose("auto", 32, 2048, 1, f32, backward, 50, 256) is plans.STEPS
     with pytest.raises(ValueError, match="in float64 under math='strict' do not fit"):
         plans.choose("resident", 256, 512, 2, f64, False, 50, 512)
@@ -1715,9 +1701,10 @@ def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
 def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(monkeypatch):
     """path="auto" runs a persist split (fast_plan's choice where no tile split holds the
     shape) for the backward pass of two directions with at least PERSIST_AUTO_MIN_ROWS rows
-    and at most PERSIST_AUTO_MAX_WORK work per step; one direction, B = 1 and larger work
-    take the per-step path, and so does the forward pass (the resident kernel's 32 rows a
-    block would hold 3). path="fast" keeps the persist split."""
+    and at most PERSIST_AUTO_MAX_WORK work per step; one direction takes the per-step path,
+    and so does the forward pass (the resident kernel's 32 rows a block would hold 3); B = 1
+    and larger work, with both directions at H = 1024, the resident backward kernel.
+    path="fast" keeps the persist split."""
     from cugru import _plan
     persist = plans.PersistPlan(57, 18, 4, 1024, 1024, 100_000, 100_000)
     f32 = np.dtype(np.float32)
@@ -1731,10 +1718,11 @@ def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(
     assert plans.choose("auto", B, H, 2, f32, backward=False) is plans.STEPS
     assert plans.choose("fast", B, H, 2, f32, backward=False) is persist
     assert plans.choose("auto", B, H, 1, f32, backward=True) is plans.STEPS
-    assert plans.choose("auto", 1, H, 2, f32, backward=True) is plans.STEPS
+    assert isinstance(plans.choose("auto", 1, H, 2, f32, backward=True), plans.ResidentPlan)
     big = 16                     # 16 x 3 x 1024^2 passes the work bound
     assert big * 3 * H * H > plans.PERSIST_AUTO_MAX_WORK
-    assert plans.choose("auto", big, H, 2, f32, backward=True) is plans.STEPS
+    assert isinstance(plans.choose("auto", big, H, 2, f32, backward=True),
+                      plans.ResidentPlan)
     assert plans.auto_takes(persist, 2, 768, 2, backward=True)
     assert not plans.auto_takes(persist, 2, 768, 2)
     assert not plans.auto_takes(None, 2, 768, 2, backward=True)

@@ -8,15 +8,13 @@ H200: the per-step path's forward shapes S9, S10, O5, O14, O16, and the tile pla
 O3), float32 strict: the forward pass with its history (train) and without (inference),
 and the backward pass's recurrence (plans.backward_recurrence: the gate gradients and dh0,
 without the tail every plan shares), on each split of plans.RESIDENT_SPLITS whose blocks
-fit the GPU's SMs and shared memory (the backward recurrence in each chunk of
-plans.RESIDENT_BACKWARD_CHUNKS its block holds, the widest with the forward, marked jN),
-on the per-step path and on fast_plan's split (where one fits: its own backward plan), timed in turn over rounds
+fit the GPU's SMs and shared memory, on the per-step path and on fast_plan's split (where
+one fits: its own backward plan), timed in turn over rounds
 (bench.timing.interleaved_gpu_us, device ms), with µs a step. The split resident_split
 picks is marked; every split's outputs are checked against the per-step path's (the
 largest difference of y, and of dh0, relative to its largest value, must stay within
 CHECK_TOL: float32 sums of H or 3H terms in another order).
 """
-import dataclasses
 import os
 import sys
 
@@ -60,18 +58,12 @@ def main(argv=None):
         ref_dh0 = plans.backward_recurrence(dy, dh_n, saved, plans.STEPS)[1].copy()
         fast = plans.fast_plan(B, H, D, np.float32)
         fast_back = plans.fast_plan(B, H, D, np.float32, backward=True)
-        # (plan, its backward plan, whether its forward is timed): each split's other
-        # backward chunks that fit run the backward alone
-        ours = [(plans.STEPS, plans.STEPS, True)] \
-            + ([(fast, fast_back, True)] if fast is not None else []) \
-            + [(q, q, q is p) for p in splits for q in [p] + [
-                dataclasses.replace(p, back_chunk=c) for c in plans.RESIDENT_BACKWARD_CHUNKS
-                if c < p.back_chunk]]
+        ours = [(plans.STEPS, plans.STEPS)] + ([(fast, fast_back)] if fast is not None else []) \
+            + [(p, p) for p in splits]
         fns, errs = {}, {}
-        for plan, back, fwd in ours:
+        for plan, back in ours:
             name = plan_name(plan)
-            if fwd:
-                fns[name + " train"], fns[name + " infer"] = calls(plan)
+            fns[name + " train"], fns[name + " infer"] = calls(plan)
             y = plans.forward(x, h0, *w, plan, bidirectional=bi, training=False)[0]
             kept = plans.forward(x, h0, *w, plan, bidirectional=bi)[2]
             fns[name + " back"] = (lambda b=back, k=kept:
@@ -81,17 +73,15 @@ def main(argv=None):
                              float(cp.abs(dh0 - ref_dh0).max() / cp.abs(ref_dh0).max()))
         us = timing.interleaved_gpu_us({k: f for k, f in fns.items() if f is not None},
                                        n_repeat=n, rounds=5)
-        for plan, back, fwd in ours:
+        for plan, back in ours:
             name = plan_name(plan)
+            tr, inf = us[name + " train"], us[name + " infer"]
             bk = f"{us[name + ' back'] / 1e3:.3f} | {us[name + ' back'] / T:.1f}" if back \
                 else "- | -"
-            fw = "- | - | - | -"
-            if fwd:
-                tr, inf = us[name + " train"], us[name + " infer"]
-                fw = f"{tr / 1e3:.3f} | {tr / T:.1f} | {inf / 1e3:.3f} | {inf / T:.1f}"
             ok = errs[name] <= CHECK_TOL
             failed += not ok
-            print(f"| {sid} | {T}, {B}, {I}, {H}, {D} | {name} | {fw} | {bk} | "
+            print(f"| {sid} | {T}, {B}, {I}, {H}, {D} | {name} | {tr / 1e3:.3f} | {tr / T:.1f} | "
+                  f"{inf / 1e3:.3f} | {inf / T:.1f} | {bk} | "
                   f"{errs[name]:.1e}{'' if ok else ' FAIL'} | {'yes' if plan == picked else ''} |",
                   flush=True)
     return 1 if failed else 0

@@ -229,9 +229,10 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
 // thread e the units o = e + 256 i (row o / UNITS, unit o % UNITS), and apply the cell
 // backward to them (gru_cell_backward, from dy + the carried gradient), writing dgi, dgh of
 // step s and keeping dh*z. The blocks of the direction meet at the counter; then each block
-// sums its tile of dgh_s W_hh (the rows of dgh_s through L2, in chunks of KC of j, as the
-// forward kernel reads h): groups of NT1 = (ROWS / 4) x (UNITS / 4) threads, a thread 4 rows
-// x 4 units, group g summing the g-th of the KSB slices of every chunk in j order. The
+// sums its tile of dgh_s W_hh (the rows of dgh_s through L2, in chunks of KC of j as the
+// forward kernel reads h; KC per split: cugru/_catalog.py's RESIDENT_BACKWARD_CHUNK):
+// groups of NT1 = (ROWS / 4) x (UNITS / 4) threads, a thread 4 rows x 4 units, group g
+// summing the g-th of the KSB slices of every chunk in j order. The
 // groups' sums meet in shared memory, where each unit's thread adds them in group order to
 // its dh*z: the carried gradient of step s - 1 (after step 0: dh0, stored to dh).
 template <int ROWS, int UNITS, int KC>
