@@ -8,7 +8,7 @@ registers the families with cukernels' runtime, one source file each:
     gru_tail.cu     the backward tail's sums: chunks, biases      (every backward pass)
     gru_quant.cu    the fake quantizers of weights, x and h0     (quantization-aware calls)
     gru_small.cu    a whole pass in one launch of one block      (SmallPlan)
-    gru_resident.cu W_hh over all SMs, a forward pass a launch    (ResidentPlan)
+    gru_resident.cu W_hh over all SMs, a pass a launch, large H   (ResidentPlan)
     gru_cast.cu     float16 and bfloat16 data to float32 and back (cugru/_half.py)
     gru_probes.cu   barriers alone, for the benchmark
 
@@ -99,16 +99,25 @@ TILE_AHEAD = 8
 #: the most threads a tile kernel's block has (GRU_TILE_MAX_THREADS)
 TILE_MAX_THREADS = max(t[3] for tiles in TILES.values() for t in tiles)
 
-#: the resident forward kernel (gru_resident.cu): threads per block, the k of a chunk of h
-#: staged in shared memory, the padding of a chunk's rows there (a multiple of 4 floats:
-#: 16-byte loads), batch rows per thread (GRU_RESIDENT_THREADS, _CHUNK, _ROW_PAD, _THREAD_ROWS)
+#: the resident kernels (gru_resident.cu): threads per block, the k of a chunk of h (forward)
+#: or of d_gate_h (backward) staged in shared memory, the padding of a chunk's rows there (a
+#: multiple of 4 floats: 16-byte loads), batch rows per thread (GRU_RESIDENT_THREADS, _CHUNK,
+#: _ROW_PAD, _THREAD_ROWS)
 RESIDENT_THREADS = 256
 RESIDENT_CHUNK = 32
 RESIDENT_ROW_PAD = 4
 RESIDENT_THREAD_ROWS = 4
 #: the resident kernels built: (batch rows, units, groups of threads splitting k) a block;
-#: each fills RESIDENT_THREADS threads of RESIDENT_THREAD_ROWS rows x 2 units per group
+#: the forward kernel fills RESIDENT_THREADS threads of RESIDENT_THREAD_ROWS rows x 2 units
+#: per group; the backward kernel, of the same blocks, its own groups of threads of 4 rows x
+#: 4 units (resident_backward_split)
 RESIDENT_SPLITS = ((64, 32, 1), (64, 16, 2), (32, 16, 4))
+#: each split's chunk of j (the k of the product dgh_s W_hh) in the resident backward kernel:
+#: one wait on L2 and one __syncthreads a chunk. Measured on an H200 (docs/gpu-report.md,
+#: chunks of 32, 64 and 96): 64 was fastest on 32 x 16 blocks, 32 on the blocks of 64 rows
+#: (whose wider chunks hold more loads in registers). A backward block never takes more
+#: shared memory than the forward one (resident_smem), so it fits wherever the plan does.
+RESIDENT_BACKWARD_CHUNK = {(64, 32, 1): 32, (64, 16, 2): 32, (32, 16, 4): 64}
 
 #: the bias sums of few rows (gru_bias_sums): a block takes BIAS_COLS columns of the gate
 #: gradients, and BIAS_LANES threads share each column's rows (GRU_BIAS_COLS, GRU_BIAS_LANES)
@@ -248,14 +257,38 @@ def resident_forward(split, train):
     return f"gru_resident_forward<{rows},{units},{k_split},{_BOOL[bool(train)]}>"
 
 
-def resident_smem(split, H):
+@functools.lru_cache(maxsize=None)
+def resident_backward(split):
+    """The resident backward kernel of `split`'s blocks (rows x units), summing its product
+    in chunks of RESIDENT_BACKWARD_CHUNK[split] of j: float32 only. Its threads take 4 rows x
+    4 units each, so it splits the product its own number of ways (resident_backward_split)."""
+    rows, units, _ = split
+    return f"gru_resident_backward<{rows},{units},{RESIDENT_BACKWARD_CHUNK[split]}>"
+
+
+def resident_backward_split(split):
+    """The groups of threads the resident backward kernel of `split` splits its product's
+    sum over 3H into: a group of (rows / RESIDENT_THREAD_ROWS) x (units / 4) threads fills
+    the tile."""
+    rows, units, _ = split
+    return RESIDENT_THREADS // (rows // RESIDENT_THREAD_ROWS * (units // 4))
+
+
+def resident_smem(split, H, backward=False):
     """Bytes of shared memory a block of the resident kernel of `split` takes at hidden size
-    H: its W_hh columns (k rounded up to a chunk), two chunks of h and groups 1..'s sums."""
+    H. Forward: its W_hh columns (k rounded up to a chunk), two chunks of h and groups 1..'s
+    sums. Backward: its W_hh columns (3H rows rounded up to its chunk), then two chunks of
+    d_gate_h or, in the same place, every group's sums, whichever is larger."""
     rows, units, k_split = split
+    if backward:
+        chunk = RESIDENT_BACKWARD_CHUNK[split]
+        jk = -(-3 * H // chunk) * chunk
+        chunks = 2 * chunk * (rows + RESIDENT_ROW_PAD)
+        return (jk * units + max(chunks, resident_backward_split(split) * rows * units)) * 4
     hk = -(-H // RESIDENT_CHUNK) * RESIDENT_CHUNK
     group = RESIDENT_THREADS // k_split
-    floats = hk * 3 * units + 2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD) \
-        + (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group
+    chunks = 2 * RESIDENT_CHUNK * (rows + RESIDENT_ROW_PAD)
+    floats = hk * 3 * units + chunks + (k_split - 1) * RESIDENT_THREAD_ROWS * 6 * group
     return floats * 4
 
 
@@ -366,8 +399,8 @@ INSTANCES = {
     "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),
-    "gru_resident.cu": lambda: {"float": tuple(resident_forward(s, t) for s in RESIDENT_SPLITS
-                                               for t in (False, True))},
+    "gru_resident.cu": lambda: {"float": tuple(n for s in RESIDENT_SPLITS for n in (
+        resident_forward(s, False), resident_forward(s, True), resident_backward(s)))},
     "gru_cast.cu": lambda: {"cast": tuple(n for f in HALF_FORMATS
                                           for n in (widen(f), narrow(f)))},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)

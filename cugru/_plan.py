@@ -14,9 +14,9 @@ another plan than the forward pass did.
                  blocks meeting at a counter ("grid" scope) (gru_tile.cu)
     SmallPlan    the whole pass (input projection or gradient tail included) in one launch
                  of one block, for shapes where a call costs its launches (gru_small.cu)
-    ResidentPlan the forward recurrence in one launch over many SMs, each block keeping
-                 its units' columns of W_hh in shared memory and computing a tile of batch
-                 rows x units (gru_resident.cu); its backward pass runs per step
+    ResidentPlan each pass in one launch over many SMs, each block keeping its units'
+                 columns of W_hh in shared memory and computing a tile of batch rows x
+                 units (gru_resident.cu)
 
 The first three plans run the recurrence alone; the passes around it are shared. SmallPlan
 runs the whole pass (``whole_pass``).
@@ -24,8 +24,8 @@ runs the whole pass (``whole_pass``).
 ``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
-the per-step path, else for a forward pass a ResidentPlan where ``resident_plan`` finds
-one of RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), else STEPS.
+the per-step path, else a ResidentPlan where ``resident_plan`` finds one and
+``resident_auto_takes`` says it beats the per-step path, else STEPS.
 """
 from __future__ import annotations
 
@@ -65,6 +65,16 @@ GRID_AUTO_MAX_WAVES = 2
 #: GPU whose SMs hold no other split runs per step
 RESIDENT_AUTO_MAX_EMPTY = 0.0
 RESIDENT_AUTO_SPLITS = ((64, 32, 1), (32, 16, 4))
+#: path="auto" takes the resident kernel for a backward pass it would otherwise run per step
+#: with both directions and H of at least RESIDENT_AUTO_BACKWARD_MIN_H, on any split that
+#: fits, however many of its rows lie beyond B. Its blocks run the two directions side by
+#: side, where the per-step path's step costs about twice one direction's. Measured on an
+#: H200 (tools/resident_ab.py, the backward recurrence, µs a step, resident against per
+#: step): S10 42.6 against 44.4, O14 37.8 against 45.6 (a quarter of its rows empty), O5
+#: 27.6 against 49.7 (B = 3; auto keeps the persist kernels' 34.2 there, a fast plan being
+#: taken first); with one direction it lost (S9 31.6 against 21.7, O16 27.7 against 14.9).
+#: Below H = 512 it was not measured
+RESIDENT_AUTO_BACKWARD_MIN_H = 512
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024
@@ -420,11 +430,12 @@ def persist_cost(plan, B, H, D, itemsize=4):
 # -------------------------------------------------------------------------------- resident
 @dataclass(frozen=True)
 class ResidentPlan:
-    """The resident forward kernel's split (gru_resident.cu): blocks of `rows` batch rows x
-    `units` hidden units, `k_split` groups of threads splitting the product's k, `blocks`
-    blocks per direction, `smem` bytes of dynamic shared memory a block. The forward pass
-    only (float32, strict, no quantization, no lengths): its backward pass runs per step
-    (STEPS), from the history the forward pass keeps in the shared layout."""
+    """The resident kernels' split (gru_resident.cu): blocks of `rows` batch rows x `units`
+    hidden units, `k_split` groups of threads splitting the forward product's k, `blocks`
+    blocks per direction, `smem` bytes of dynamic shared memory a forward block (a backward
+    block takes at most as much: catalog.resident_smem). Float32, strict, no quantization,
+    no lengths. Each pass is one cooperative launch and keeps the shared layout of the
+    history and gate gradients, so either pass may pair with another plan's."""
     rows: int
     units: int
     k_split: int
@@ -445,27 +456,42 @@ class ResidentPlan:
         name = cat.resident_forward(self.split, training)
         return dev.shared(dev.kernel("gru_resident.cu", name), self.smem)
 
-    def forward(self, loop, p):
+    @staticmethod
+    def _check(p, pass_):
         if p.dtype.itemsize != 4 or p.qat or p.lengths is not None:
             raise ValueError(f"the resident plan runs float32 data without quant or lengths; "
-                             f"this pass has {p.dtype}{' with quant' * p.qat}"
+                             f"this {pass_} pass has {p.dtype}{' with quant' * p.qat}"
                              f"{' with lengths' * (p.lengths is not None)}")
+
+    def forward(self, loop, p):
+        self._check(p, "forward")
         if p.w_hh.data.ptr % 16:
             # (the kernel reads W_hh's rows 16 bytes at a time where H is a multiple of 4; a
             # view off 16-byte boundaries runs the per-step recurrence, same buffers)
             STEPS.forward(loop, p)
             return
-        cp = dev.cupy()
         loop.launch(self.kernel(p.training), (self.blocks, p.D), (cat.RESIDENT_THREADS,),
                     {"gi": p.gi, "w_hh": p.w_hh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs,
                      "y": p.y, "gates": p.y if p.gates is None else p.gates,
-                     "barrier": cp.zeros(p.D, np.uint32), "steps": p.T, "B": p.B, "H": p.H,
-                     "S": p.S},
+                     "barrier": dev.cupy().zeros(p.D, np.uint32), "steps": p.T, "B": p.B,
+                     "H": p.H, "S": p.S},
                     shared_mem=self.smem, cooperative=True)
 
-    @staticmethod
-    def backward(loop, p):
-        STEPS.backward(loop, p)
+    def backward(self, loop, p):
+        """Fills p.dgi, p.dgh and p.dh0 in one launch (StepsPlan.backward's results)."""
+        self._check(p, "backward")
+        if (p.w_hh.data.ptr | p.dgh.data.ptr) % 16:
+            STEPS.backward(loop, p)     # (as in forward: 16-byte loads of W_hh and dgh)
+            return
+        STEPS.start_backward(p)
+        smem = cat.resident_smem(self.split, p.H, backward=True)
+        kern = dev.shared(dev.kernel("gru_resident.cu", cat.resident_backward(self.split)),
+                          smem)
+        loop.launch(kern, (self.blocks, p.D), (cat.RESIDENT_THREADS,),
+                    {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": p.dh0, "dgi": p.dgi,
+                     "dgh": p.dgh, "w_hh": p.w_hh, "barrier": dev.cupy().zeros(p.D, np.uint32),
+                     "steps": p.T, "B": p.B, "H": p.H},
+                    shared_mem=smem, cooperative=True)
 
 
 def resident_splits(B, H, D, sms, smem_limit):
@@ -488,11 +514,11 @@ def resident_split(B, H, D, sms, smem_limit):
     (resident_splits): of those that fit, the least work a thread per step (k over the
     groups splitting it; each split splits k its own number of ways)."""
     fits = resident_splits(B, H, D, sms, smem_limit)
-    return min(fits, key=lambda p: 1 / p.k_split) if fits else None
+    return max(fits, key=lambda p: p.k_split) if fits else None
 
 
 def resident_applies(dtype, qat=False, lengths=False, math="strict") -> bool:
-    """Whether the resident kernel may run a forward pass: float32 data (half data computes
+    """Whether the resident kernels may run a pass: float32 data (half data computes
     in float32) under math="strict", without quantization or lengths."""
     return np.dtype(dtype).itemsize == 4 and math == "strict" and not qat and not lengths
 
@@ -503,7 +529,7 @@ def resident_empty(plan, B):
 
 
 def resident_plan(B, H, D, dtype, qat=False, lengths=False, math="strict"):
-    """The resident split of a forward pass on the current GPU (resident_split), or None
+    """The resident split of a pass on the current GPU (resident_split), or None
     where the kernel does not apply (resident_applies) or no split fits."""
     if not resident_applies(dtype, qat, lengths, math):
         return None
@@ -958,8 +984,6 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
 
 def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
     if path == "resident":
-        if backward:
-            return STEPS
         plan = resident_plan(B, H, D, dtype, qat, lengths, math)
         if plan is None:
             raise ValueError(
@@ -978,9 +1002,18 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
                          "(docs/gru-design.md lists its limits); use path='auto' or 'steps'")
     if path == "fast" or auto_takes(fast, B, H, D, backward):
         return fast
-    if not backward:
-        plan = resident_plan(B, H, D, dtype, qat, lengths, math)
-        if plan is not None and plan.split in RESIDENT_AUTO_SPLITS \
-                and resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY:
-            return plan
+    plan = resident_plan(B, H, D, dtype, qat, lengths, math)
+    if plan is not None and resident_auto_takes(plan, B, H, D, backward):
+        return plan
     return STEPS
+
+
+def resident_auto_takes(plan, B, H, D, backward) -> bool:
+    """Whether path="auto" runs a pass on the resident plan `plan` (of batch B, hidden size
+    H, D directions) where it would otherwise run it per step: forward on the splits of
+    RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), backward with both
+    directions from RESIDENT_AUTO_BACKWARD_MIN_H up."""
+    if backward:
+        return D == 2 and H >= RESIDENT_AUTO_BACKWARD_MIN_H
+    return plan.split in RESIDENT_AUTO_SPLITS and \
+        resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY

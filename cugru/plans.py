@@ -22,11 +22,13 @@ from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noq
                        PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
                        mma_warps, resident_smem, tile_has, tile_runs_on)
 from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
-                    PERSIST_AUTO_MIN_ROWS, RESIDENT_AUTO_MAX_EMPTY, RESIDENT_AUTO_SPLITS, SMALL,
+                    PERSIST_AUTO_MIN_ROWS, RESIDENT_AUTO_BACKWARD_MIN_H,
+                    RESIDENT_AUTO_MAX_EMPTY, RESIDENT_AUTO_SPLITS, SMALL,
                     SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, STEPS, PersistPlan, ResidentPlan,
                     SmallPlan, StepsPlan, TilePlan, auto_takes, choose, fast_plan,
                     groups_at_once, persist_cost, persist_split, resident, resident_applies,
-                    resident_empty, resident_plan, resident_split, resident_splits,
+                    resident_auto_takes, resident_empty, resident_plan, resident_split,
+                    resident_splits,
                     small_chain, small_takes,
                     tile_rank, tile_split, tile_splits, waves)
 
@@ -37,6 +39,7 @@ __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "P
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan", "ResidentPlan", "RESIDENT_SPLITS",
            "RESIDENT_THREADS", "RESIDENT_AUTO_MAX_EMPTY", "RESIDENT_AUTO_SPLITS",
+           "RESIDENT_AUTO_BACKWARD_MIN_H", "resident_auto_takes",
            "resident_empty", "resident_smem", "resident_applies", "resident_plan",
            "resident_split", "resident_splits",
            "TilePlan", "auto_takes", "choose", "fast_plan", "groups_at_once", "persist_cost",

@@ -819,10 +819,14 @@ _RESIDENT_CASES = [(split, case) for split in plans.RESIDENT_SPLITS
 @pytest.mark.parametrize("split,case", _RESIDENT_CASES,
                          ids=[f"{'x'.join(map(str, s))}_{c}" for s, c in _RESIDENT_CASES])
 def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch, split, case):
-    """The resident forward kernel of each split (ResidentPlan; its backward pass per step,
-    from the history it keeps) against the oracle: both directions (one at the largest H),
-    at B and H beside its blocks' edges; inference gives the training pass's bits, and a
-    second run the same bits."""
+    """The resident kernels of each split (ResidentPlan: both passes, neither per step)
+    against the oracle: both directions (one at the largest H), at B and H beside its
+    blocks' edges; inference gives the training pass's bits, and a second run the same
+    bits."""
+    def per_step(*args):
+        raise AssertionError("the resident plan ran a pass per step")
+    monkeypatch.setattr(plans.StepsPlan, "forward", per_step)
+    monkeypatch.setattr(plans.StepsPlan, "backward", per_step)
     rows, units, k_split = split
     T, I, D = 5, 3, 2
     B, H = {"beyond": (rows + 1, units + 1), "one_row": (1, 2 * units - 2),
@@ -843,17 +847,17 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
     assert all(np.array_equal(a, b) for a, b in zip(got, again))
 
 
-def test_auto_runs_the_resident_forward_on_s10_s_shape(cp, rng):
+def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
     """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the resident
-    kernel forward and the per-step path backward on this GPU (where a split fits), and
-    gives the oracle's results, float64 the per-step path's."""
+    kernels on this GPU for both passes (where a split fits), and gives the oracle's
+    results."""
     T, B, I, H = 3, 256, 7, 512
     f32 = np.dtype(np.float32)
     plan = plans.choose("auto", B, H, 2, f32, False, T, I)
     if plans.resident_plan(B, H, 2, f32) is None:
         pytest.skip("no resident split fits this GPU")
     assert isinstance(plan, plans.ResidentPlan), plan
-    assert plans.choose("auto", B, H, 2, f32, True, T, I) is plans.STEPS
+    assert plans.choose("auto", B, H, 2, f32, True, T, I) == plan
     p = problem(rng, T, B, I, H, True)
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))], p, np.float32)
 
