@@ -6,8 +6,8 @@ beside the tiles' edges (H not a multiple of the 16-byte pack next to one that i
     python -m bench.paths [--shapes S1,O1,A1,...] [--dtypes float32,float64] [--repeat N] [--json FILE]
 
 For each shape and pass (train step, inference): the device time of path="auto", "steps",
-"fast" (fast_plan's split, where one fits) and "resident" (the resident forward kernel,
-where a split fits; its backward pass per step), timed in turn over ROUNDS rounds (the
+"fast" (fast_plan's split, where one fits) and "resident" (the resident kernels in both
+passes, where a split fits), timed in turn over ROUNDS rounds (the
 median of the rounds), the plan each runs, and auto's time over the fastest of them. A
 shape where auto is more than SLACK slower is listed.
 """

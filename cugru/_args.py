@@ -55,8 +55,8 @@ def _data_dtype(x, xp, quant):
     return dtype
 #: the GPU paths: "auto" (the fastest plan for the shape), "fast" (a persistent plan, or an
 #: error), "steps" (one launch per step), "small" (a whole pass in one launch, small shapes
-#: only, or an error), "resident" (the forward recurrence in one launch over many SMs, the
-#: backward pass per step; float32 strict, or an error); numpy arrays run the oracle
+#: only, or an error), "resident" (each recurrence, forward and backward, in one launch over
+#: many SMs; float32 strict, or an error); numpy arrays run the oracle
 #: whatever the path
 PATHS = ("auto", "fast", "steps", "small", "resident")
 

@@ -25,9 +25,9 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     (a GruSaved for gru_backward; None when training=False, which keeps no history).
     path (GPU): "auto" (the fastest plan for the shape), "fast" (a persistent plan, or a
     ValueError where none fits), "steps" (one launch per step), "small" (the whole pass in
-    one launch of one block; a ValueError where D*B*H > 1024), "resident" (the forward
-    recurrence in one launch over many SMs, the backward pass per step; float32 or half
-    data under math="strict" without quant or lengths, else a ValueError).
+    one launch of one block; a ValueError where D*B*H > 1024), "resident" (each
+    recurrence, forward and backward, in one launch over many SMs; float32 or half data
+    under math="strict" without quant or lengths, else a ValueError).
     quant: a cugru.QuantSpec for quantization-aware training (fake-quantized weights, and
     x, the state and the gates as it says; gru_backward then runs the straight-through
     estimator), or None for the plain GRU.
