@@ -77,6 +77,61 @@ __device__ __forceinline__ void gru_res_store(float* h_s, const float4 (&v)[LOAD
     }
 }
 
+// a row's COLS weights of w_s at p: 16-byte loads where they are 16-byte aligned (4
+// columns: the backward's units), else 8-byte ones (6 columns: the forward's gates)
+__device__ __forceinline__ void gru_res_w(const float* p, float (&wc)[4]) {
+    const float4 w = *reinterpret_cast<const float4*>(p);
+    wc[0] = w.x, wc[1] = w.y, wc[2] = w.z, wc[3] = w.w;
+}
+__device__ __forceinline__ void gru_res_w(const float* p, float (&wc)[6]) {
+    const float2 w0 = *reinterpret_cast<const float2*>(p);
+    const float2 w1 = *reinterpret_cast<const float2*>(p + 2);
+    const float2 w2 = *reinterpret_cast<const float2*>(p + 4);
+    wc[0] = w0.x, wc[1] = w0.y, wc[2] = w1.x, wc[3] = w1.y, wc[4] = w2.x, wc[5] = w2.y;
+}
+
+// a thread's tile of the block's product, both kernels: acc[i][c] = the sum over k < kn of
+// row (r0 + TR ty + i) of src (rows of n elements, zeros beyond B and n) times
+// w_s[k][COLS tx + c] (NW floats a k). The rows come through L2 in chunks of KC, each copied
+// into shared memory h_s (two buffers), transposed, while the next chunk's loads are in
+// flight; group grp sums the KK values of k of its slice of every chunk, in k order.
+template <int ROWS, int KC, int KK, int NW, int COLS>
+__device__ __forceinline__ void gru_res_product(float (&acc)[GRU_RESIDENT_THREAD_ROWS][COLS],
+                                                const float* src, int r0, int B, int n,
+                                                int kn, bool vec, float* h_s,
+                                                const float* w_s, int grp, int tx, int ty) {
+    constexpr int TR = GRU_RESIDENT_THREAD_ROWS, HP = ROWS + GRU_RESIDENT_ROW_PAD;
+    constexpr int LOADS = (ROWS * KC / 4 + GRU_RESIDENT_THREADS - 1) / GRU_RESIDENT_THREADS;
+#pragma unroll
+    for (int i = 0; i < TR; ++i)
+#pragma unroll
+        for (int c = 0; c < COLS; ++c) acc[i][c] = 0.f;
+    float4 v[LOADS];
+    gru_res_load<ROWS, KC>(v, src, r0, B, n, 0, vec);
+    gru_res_store<ROWS, KC>(h_s, v);
+    __syncthreads();
+    const int chunks = kn / KC;
+    for (int kc = 0; kc < chunks; ++kc) {
+        const bool more = kc + 1 < chunks;
+        if (more) gru_res_load<ROWS, KC>(v, src, r0, B, n, (kc + 1) * KC, vec);
+        const float* hb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
+        const float* wb = w_s + (kc * KC + grp * KK) * NW + tx * COLS;
+#pragma unroll
+        for (int k = 0; k < KK; ++k) {
+            const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
+            const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
+            float wc[COLS];
+            gru_res_w(wb + k * NW, wc);
+#pragma unroll
+            for (int i = 0; i < TR; ++i)
+#pragma unroll
+                for (int c = 0; c < COLS; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
+        }
+        if (more) gru_res_store<ROWS, KC>(h_s + ((kc + 1) & 1) * KC * HP, v);
+        __syncthreads();
+    }
+}
+
 template <int ROWS, int UNITS, int KS, bool TRAIN>
 __global__ void __launch_bounds__(GRU_RESIDENT_THREADS, 1)
 gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_hh,
@@ -86,7 +141,6 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
     constexpr int TR = GRU_RESIDENT_THREAD_ROWS, KC = GRU_RESIDENT_CHUNK;
     constexpr int NT1 = (ROWS / TR) * (UNITS / 2), NC = 3 * UNITS, KK = KC / KS;
     constexpr int HP = ROWS + GRU_RESIDENT_ROW_PAD;
-    constexpr int LOADS = (ROWS * KC / 4 + GRU_RESIDENT_THREADS - 1) / GRU_RESIDENT_THREADS;
     static_assert(TR == 4, "a thread's rows are one 16-byte load of the transposed chunk");
     static_assert(KS * NT1 == GRU_RESIDENT_THREADS, "the groups fill the block");
     static_assert(KC % (4 * KS) == 0 && HP % 4 == 0, "16-byte chunks and slices");
@@ -150,36 +204,7 @@ gru_resident_forward(const float* __restrict__ gi, const float* __restrict__ w_h
             }
         }
         float acc[TR][6];
-#pragma unroll
-        for (int i = 0; i < TR; ++i)
-#pragma unroll
-            for (int c = 0; c < 6; ++c) acc[i][c] = 0.f;
-        float4 v[LOADS];
-        gru_res_load<ROWS, KC>(v, hin, r0, B, H, 0, vec);
-        gru_res_store<ROWS, KC>(h_s, v);
-        __syncthreads();
-        const int chunks = HK / KC;
-        for (int kc = 0; kc < chunks; ++kc) {
-            const bool more = kc + 1 < chunks;
-            if (more) gru_res_load<ROWS, KC>(v, hin, r0, B, H, (kc + 1) * KC, vec);
-            const float* hb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
-            const float* wb = w_s + (kc * KC + grp * KK) * NC + tx * 6;
-#pragma unroll
-            for (int k = 0; k < KK; ++k) {
-                const float4 hv = *reinterpret_cast<const float4*>(hb + k * HP);
-                const float2 w0 = *reinterpret_cast<const float2*>(wb + k * NC);
-                const float2 w1 = *reinterpret_cast<const float2*>(wb + k * NC + 2);
-                const float2 w2 = *reinterpret_cast<const float2*>(wb + k * NC + 4);
-                const float hr[TR] = {hv.x, hv.y, hv.z, hv.w};
-                const float wc[6] = {w0.x, w0.y, w1.x, w1.y, w2.x, w2.y};
-#pragma unroll
-                for (int i = 0; i < TR; ++i)
-#pragma unroll
-                    for (int c = 0; c < 6; ++c) acc[i][c] = fmaf(hr[i], wc[c], acc[i][c]);
-            }
-            if (more) gru_res_store<ROWS, KC>(h_s + ((kc + 1) & 1) * KC * HP, v);
-            __syncthreads();
-        }
+        gru_res_product<ROWS, KC, KK, NC>(acc, hin, r0, B, H, HK, vec, h_s, w_s, grp, tx, ty);
         if (KS > 1) {
             if (grp > 0)
 #pragma unroll
@@ -245,7 +270,6 @@ gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ ga
     constexpr int HP = ROWS + GRU_RESIDENT_ROW_PAD;
     constexpr int NT1 = (ROWS / TR) * (UNITS / 4), KSB = GRU_RESIDENT_THREADS / NT1;
     constexpr int KK = KC / KSB, OPT = ROWS * UNITS / GRU_RESIDENT_THREADS;
-    constexpr int LOADS = (ROWS * KC / 4 + GRU_RESIDENT_THREADS - 1) / GRU_RESIDENT_THREADS;
     static_assert(TR == 4, "a thread's rows are one 16-byte load of the transposed chunk");
     static_assert(UNITS % 4 == 0 && ROWS % TR == 0 && HP % 4 == 0,
                   "16-byte loads and stores of w_s, the chunks and the groups' sums");
@@ -310,34 +334,8 @@ gru_resident_backward(const float* __restrict__ dy, const float* __restrict__ ga
             // dgh_{s+1} W_hh over this block's tile
             const float* src = dgh + ((long long)d * steps + s + 1) * B * H3;
             float acc[TR][4];
-#pragma unroll
-            for (int i = 0; i < TR; ++i)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
-            float4 v[LOADS];
-            gru_res_load<ROWS, KC>(v, src, r0, B, H3, 0, vec);
-            gru_res_store<ROWS, KC>(h_s, v);
-            __syncthreads();
-            const int chunks = JK / KC;
-            for (int kc = 0; kc < chunks; ++kc) {
-                const bool more = kc + 1 < chunks;
-                if (more) gru_res_load<ROWS, KC>(v, src, r0, B, H3, (kc + 1) * KC, vec);
-                const float* gb = h_s + (kc & 1) * KC * HP + grp * KK * HP + ty * TR;
-                const float* wb = w_s + (kc * KC + grp * KK) * UNITS + tx * 4;
-#pragma unroll
-                for (int k = 0; k < KK; ++k) {
-                    const float4 gv = *reinterpret_cast<const float4*>(gb + k * HP);
-                    const float4 wv = *reinterpret_cast<const float4*>(wb + k * UNITS);
-                    const float gr[TR] = {gv.x, gv.y, gv.z, gv.w};
-                    const float wc[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-                    for (int i = 0; i < TR; ++i)
-#pragma unroll
-                        for (int c = 0; c < 4; ++c) acc[i][c] = fmaf(gr[i], wc[c], acc[i][c]);
-                }
-                if (more) gru_res_store<ROWS, KC>(h_s + ((kc + 1) & 1) * KC * HP, v);
-                __syncthreads();
-            }
+            gru_res_product<ROWS, KC, KK, UNITS>(acc, src, r0, B, H3, JK, vec, h_s, w_s, grp, tx,
+                                                 ty);
 #pragma unroll
             for (int i = 0; i < TR; ++i)
                 *reinterpret_cast<float4*>(red + (grp * ROWS + ty * TR + i) * UNITS + tx * 4) =
