@@ -962,8 +962,8 @@ _CHOSEN: dict = {}
 
 def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False,
            math="strict"):
-    """The plan a call runs (a checked `path`): SMALL, STEPS, a persistent plan or, for a
-    forward pass, a ResidentPlan. Without T and I (the sequence length and input size),
+    """The plan a call runs (a checked `path`): SMALL, STEPS, a persistent plan or a
+    ResidentPlan. Without T and I (the sequence length and input size),
     path="auto" leaves the small path out. `qat`: for a quantization-aware pass
     (cugru.QuantSpec); `lengths`: for one with variable lengths; `math`: the pass's (a
     checked math: fast_plan's)."""

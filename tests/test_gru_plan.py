@@ -878,7 +878,7 @@ def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory()
         assert _catalog.RESIDENT_CHUNK % (4 * k_split) == 0
     assert _catalog.resident_smem((64, 32, 1), 512) == (512 * 96 + 2 * 32 * 68) * 4
     # backward: W_hh's columns over 3H rounded up to a chunk, then the larger of two chunks
-    # of d_gate_h and every group's sums (32 x 16: 8 groups, sums larger than two chunks)
+    # of d_gate_h and every group's sums (every split: two chunks take more than the sums)
     assert _catalog.resident_backward_split((64, 32, 1)) == 2
     assert _catalog.resident_backward_split((32, 16, 4)) == 8
     assert _catalog.resident_smem((64, 32, 1), 512, backward=True) == \
