@@ -297,6 +297,11 @@ def sum_chunks(ctype):
     return f"gru_sum_chunks<{ctype}>"
 
 
+@functools.lru_cache(maxsize=None)
+def add_chunks(ctype):
+    return f"gru_add_chunks<{ctype}>"
+
+
 def bias_sums(ctype):
     return f"gru_bias_sums<{ctype}>"
 
@@ -395,7 +400,7 @@ INSTANCES = {
         for n in (persist_forward(c, r, False, q), persist_forward(c, r, True, q),
                   persist_backward(c, r, q)))),
     "gru_tile.cu": lambda: _tile_instances()[0],
-    "gru_tail.cu": lambda: {c: (sum_chunks(c), bias_sums(c)) for c in CTYPES},
+    "gru_tail.cu": lambda: {c: (sum_chunks(c), add_chunks(c), bias_sums(c)) for c in CTYPES},
     "gru_quant.cu": lambda: {c: (quant_operands(c), quant_masks(c)) for c in CTYPES},
     "gru_small.cu": lambda: _with_qat(lambda c, q: (
         small_forward(c, False, q), small_forward(c, True, q), small_backward(c, q))),

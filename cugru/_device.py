@@ -98,6 +98,31 @@ def scratch(name, dtype, *shapes):
     return arrays
 
 
+#: pointer_table's kept tables (at most POINTER_TABLES, the oldest made dropped first)
+POINTER_TABLES = 256
+_TABLES: dict = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def pointer_table(key, build):
+    """A device array of the uint64 addresses `build()` gives (a numpy array), kept per
+    `key` on this device: `key` names every buffer and size the addresses are made from,
+    so a table is a function of its key, and a CUDA graph that read one (Loop.replay, whose
+    key holds the table) reads the same addresses from any table made for that key."""
+    cp = runtime.cupy_module()
+    key = (key, cp.cuda.runtime.getDevice())
+    table = _TABLES.get(key)
+    if table is None:
+        with _TABLES_LOCK:
+            table = _TABLES.get(key)
+            if table is None:
+                table = cp.asarray(np.ascontiguousarray(build(), dtype=np.uint64))
+                while len(_TABLES) >= POINTER_TABLES:
+                    del _TABLES[next(iter(_TABLES))]
+                _TABLES[key] = table
+    return table
+
+
 def capturing(cp, stream=None) -> bool:
     """Whether `stream` (default: the current one) is being captured into a CUDA graph (the
     legacy default stream, while another thread captures, answers with an error: counted
@@ -235,6 +260,15 @@ class _Cublas:
             fn.argtypes = gemm_args
             fn.restype = ctypes.c_int
             self.gemm[itemsize] = fn
+        # (the batched GEMMs of pointer arrays: each item's A, B and C at its own address)
+        pointer_args = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, ptr, i32, ptr, ptr, i32,
+                        i32]
+        self.gemm_pointers = {}
+        for itemsize, name in ((4, "cublasSgemmBatched"), (8, "cublasDgemmBatched")):
+            fn = getattr(lib, name)
+            fn.argtypes = pointer_args
+            fn.restype = ctypes.c_int
+            self.gemm_pointers[itemsize] = fn
         for fn in (self.set_stream, self.get_mode, self.set_mode, self.get_math, self.set_math):
             fn.restype = ctypes.c_int
 
@@ -661,6 +695,29 @@ class Loop:
             raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}"
                                f"gemmStridedBatched failed with status {status} (m={m}, "
                                f"n={n}, k={k}, batch={batch})")
+
+    def has_gemm_pointers(self) -> bool:
+        """Whether gemm_pointers serves this pass (cuBLAS' own library found: _Cublas)."""
+        self.bind()
+        return self._direct is not None
+
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+        """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch, where A, B and C
+        are the addresses of device arrays of the items' addresses (pointer_table): cuBLAS'
+        batched GEMM on the pass's handle, stream and math (has_gemm_pointers: only where
+        the library is found)."""
+        self.bind()
+        if self._mode is None:
+            self._bind_handle()
+        cb = self._cublas
+        status = self._direct.gemm_pointers[self.dtype.itemsize](
+            self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+            cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k, self._scalars[1.0], A, lda,
+            B, ldb, self._scalars[float(beta)], C, ldc, batch)
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}gemmBatched "
+                               f"failed with status {status} (m={m}, n={n}, k={k}, "
+                               f"batch={batch})")
 
     def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
         """Launch `kern` once with `args` (by parameter name); `cooperative`: every block

@@ -39,7 +39,9 @@ from . import _catalog as cat
 from . import _device as dev
 from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 
-#: path="auto" takes the persist kernels for a backward pass only (their forward pass took
+#: path="auto" takes the persist kernels for a backward pass only, where the per-step
+#: path's product is not split (backward_split: O5's split per-step recurrence took 9.9 µs
+#: a step against the persist kernels' 34.2 on an H200) (their forward pass took
 #: 1.1-3.1x the per-step path's time on every shape measured, B = 1-16, H = 768-1536,
 #: tools/persist_probe.py, docs/performance.md), and there only with both directions, at
 #: least PERSIST_AUTO_MIN_ROWS batch rows and up to PERSIST_AUTO_MAX_WORK recurrent work per
@@ -49,6 +51,17 @@ from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 #: (S3's 12.6 M tied, S8's 50 M lost) the per-step path won
 PERSIST_AUTO_MAX_WORK = 1 << 24
 PERSIST_AUTO_MIN_ROWS = 2
+#: the per-step path's backward product of both directions (per step, dh[d] += W_hh[d]'' @
+#: dgh[d, s]: m = H, n = B, k = 3H, batched over the directions) is split along k where k is
+#: at least SPLIT_MIN_K (float32 data, math="strict"): the slices' products (one batched
+#: cuBLAS call over directions and slices, on tables of addresses) are written apart and
+#: gru_add_chunks adds them into dh in slice order. cuBLAS' strided-batched call splits no
+#: sum across blocks, so a few blocks ran the long sums: measured on an H200
+#: (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product, split against
+#: one call): O14 14.7 (6 slices) against 38.4, S10 27.9 (6) against 38.5, O5 8.2 (12)
+#: against 47.8. Slices of about SPLIT_SLICE terms (backward_split)
+SPLIT_MIN_K = 1024
+SPLIT_SLICE = 256
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
 #: the whole recurrence), the per-step path beyond (see docs/performance.md). Measured on an
 #: H100 at a6080ba (bench.paths), with the per-step path replaying CUDA graphs: at 3 waves
@@ -65,16 +78,12 @@ GRID_AUTO_MAX_WAVES = 2
 #: GPU whose SMs hold no other split runs per step
 RESIDENT_AUTO_MAX_EMPTY = 0.0
 RESIDENT_AUTO_SPLITS = ((64, 32, 1), (32, 16, 4))
-#: path="auto" takes the resident kernel for a backward pass it would otherwise run per step
-#: with both directions and H of at least RESIDENT_AUTO_BACKWARD_MIN_H, on any split that
-#: fits, however many of its rows lie beyond B. Its blocks run the two directions side by
-#: side, where the per-step path's step costs about twice one direction's. Measured on an
-#: H200 (tools/resident_ab.py, the backward recurrence, µs a step, resident against per
-#: step): S10 42.6 against 44.4, O14 37.8 against 45.6 (a quarter of its rows empty), O5
-#: 27.6 against 49.7 (B = 3; auto keeps the persist kernels' 34.2 there, a fast plan being
-#: taken first); with one direction it lost (S9 31.6 against 21.7, O16 27.7 against 14.9).
-#: Below H = 512 it was not measured
-RESIDENT_AUTO_BACKWARD_MIN_H = 512
+# (path="auto" runs no backward pass on the resident kernel: the per-step path's split
+# product, backward_split, took less time on every shape measured where the resident kernel
+# had won over the unsplit product. Measured on an H200, tools/resident_ab.py, the backward
+# recurrence, µs a step, per step with the split against resident: S10 32.8 against 42.6,
+# O14 17.4 against 37.8, O5 9.9 against 27.6; with one direction the resident kernel lost
+# to the unsplit product: S9 31.6 against 21.7, O16 27.7 against 14.9)
 #: shared memory a persist block may use to stage the step's vector (h forward, d_gate_h
 #: backward): the whole vector when it fits, else chunks of this size
 PERSIST_STAGE_BYTES = 96 * 1024
@@ -88,6 +97,18 @@ PERSIST_LDS_CYCLES = 4
 PERSIST_FMA_LATENCY = 4
 PERSIST_L2_BYTES_PER_CYCLE = 3000
 PERSIST_BARRIER_CYCLES = 2000
+
+
+def backward_split(H, D, itemsize, math) -> int:
+    """How many slices of k = 3H the per-step backward product is split into (1: one
+    product): with both directions, float32 data, math="strict" and k >= SPLIT_MIN_K, the
+    divisor S of k whose slice k/S lies nearest SPLIT_SLICE terms (by their ratio; the fewer
+    slices on a tie), slices of 64 terms at least; else 1."""
+    k = 3 * H
+    if D < 2 or itemsize != 4 or math != "strict" or k < SPLIT_MIN_K:
+        return 1
+    return min((s for s in range(2, k // 64 + 1) if k % s == 0),
+               key=lambda s: (abs(np.log(k / (s * SPLIT_SLICE))), s), default=1)
 
 
 # ----------------------------------------------------------------------------------- steps
@@ -151,25 +172,74 @@ class StepsPlan:
                 "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H,
                 "s": 0, **p.qargs}
 
-    def backward_step(self, loop, p, start=True):
+    @staticmethod
+    def split_product(loop, p):
+        """(S, parts, table) for a backward pass whose per-step product is split into S
+        slices of k (backward_split; where the loop has cuBLAS' batched GEMM of pointer
+        arrays), else None. `parts` holds the slices' products (S, D, B, H); `table` their
+        operands' addresses: row 0 W_hh's slices, row 1 the parts, row 2 + s dgh[d, s]'s
+        slices, D*S columns each (direction-major). Made before a pass is issued: never
+        inside a capture."""
+        S = backward_split(p.H, p.D, p.dtype.itemsize, p.math)
+        if S == 1 or not loop.has_gemm_pointers():
+            return None
+        T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
+        G, ks = 3 * H, 3 * H // S
+        parts, = dev.scratch("split", p.dtype, (S * D * B * H,))
+        w_hh, dgh, out = p.w_hh.data.ptr, p.dgh.data.ptr, parts.data.ptr
+
+        def build():
+            d, j = np.divmod(np.arange(D * S, dtype=np.int64), S)
+            steps = np.arange(T, dtype=np.int64)[:, None]
+            return np.concatenate([(w_hh + (d * G * H + j * ks * H) * it)[None],
+                                   (out + (j * D + d) * B * H * it)[None],
+                                   dgh + ((d * T + steps) * B * G + j * ks) * it])
+        table = dev.pointer_table(("split", w_hh, dgh, out, T, B, H, D, S, it), build)
+        return S, parts, table
+
+    def backward_step(self, loop, p, start=True, split=False):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
         gradient they update (p.dh0: dh_n, or zeros, at the start, set here with `start`;
-        dh0 after step 0)."""
+        dh0 after step 0). `split`: split_product's, where the caller made it (False:
+        made here)."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
         dh = p.dh0
         if start:
             self.start_backward(p)
+        if split is False:
+            split = self.split_product(loop, p)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 self.backward_args(p, dh), step_arg="s")
         w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
+        if split is not None:
+            return pointwise, self._split_product(loop, p, split, dh), dh
 
         def product(s):
             # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
             loop.gemm(False, False, H, B, G, w_hh, H, G * H, dgh + s * B * G * it, G,
                       T * B * G, 1.0, dhp, H, B * H, D)
         return pointwise, product, dh
+
+    @staticmethod
+    def _split_product(loop, p, split, dh):
+        """product(s) of backward step s split along k (split_product's (S, parts, table)):
+        per direction d and slice j, parts[j, d]' (H, B) = W_hh[d][:, slice j]'' @
+        dgh[d, s, slice j]' in one batched call, then dh += parts[0] + ... + parts[S-1]."""
+        S, parts, table = split
+        B, H, D = p.B, p.H, p.D
+        G, n, row = 3 * H, D * B * H, D * S * 8
+        base = table.data.ptr
+        add = dev.kernel("gru_tail.cu", cat.add_chunks(p.ctype))
+        grid = (min(-(-n // cat.STEP_THREADS), 4096),)
+        args = {"part": parts, "out": dh, "n": n, "ld": n, "chunks": S}
+
+        def product(s, _keep=split):
+            loop.gemm_pointers(False, False, H, B, G // S, base, H, base + (2 + s) * row, G,
+                               0.0, base + row, H, D * S)
+            loop.launch(add, grid, (cat.STEP_THREADS,), args)
+        return product
 
     @staticmethod
     def start_backward(p):
@@ -184,14 +254,15 @@ class StepsPlan:
         """Fills p.dgi, p.dgh and p.dh0: the T steps, replayed from a CUDA graph on a
         repeated call (Loop.replay)."""
         self.start_backward(p)
+        split = self.split_product(loop, p)
 
         def issue(into):
-            pointwise, product, _ = self.backward_step(into, p, start=False)
+            pointwise, product, _ = self.backward_step(into, p, start=False, split=split)
             for s in range(p.T - 1, -1, -1):
                 pointwise(s)
                 product(s)
         loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D,
-                                  self.backward_args(p, p.dh0), p.w_hh), issue)
+                                  self.backward_args(p, p.dh0), p.w_hh, split), issue)
 
 
 STEPS = StepsPlan()
@@ -946,13 +1017,14 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
     return None
 
 
-def auto_takes(plan, B, H, D=1, backward=False):
+def auto_takes(plan, B, H, D=1, backward=False, split=1):
     """Whether path="auto" runs `plan` (from fast_plan) rather than the per-step path, for
-    the forward pass (or with `backward` the backward pass) of D directions."""
+    the forward pass (or with `backward` the backward pass) of D directions; `split`: the
+    slices the per-step backward product would run in (backward_split)."""
     if plan is None:
         return False
     if isinstance(plan, PersistPlan):
-        return (backward and D > 1 and B >= PERSIST_AUTO_MIN_ROWS
+        return (backward and D > 1 and split == 1 and B >= PERSIST_AUTO_MIN_ROWS
                 and B * 3 * H * H <= PERSIST_AUTO_MAX_WORK)
     return plan.cluster > 0 or -(-plan.groups // plan.slots) <= GRID_AUTO_MAX_WAVES
 
@@ -1000,7 +1072,8 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
         raise ValueError(f"path='fast': B = {B}, H = {H}, {D} direction(s) in "
                          f"{np.dtype(dtype)} do not fit the fast path on this GPU "
                          "(docs/gru-design.md lists its limits); use path='auto' or 'steps'")
-    if path == "fast" or auto_takes(fast, B, H, D, backward):
+    split = backward_split(H, D, dtype.itemsize, math) if backward else 1
+    if path == "fast" or auto_takes(fast, B, H, D, backward, split):
         return fast
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)
     if plan is not None and resident_auto_takes(plan, B, H, D, backward):
@@ -1010,10 +1083,11 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
 
 def resident_auto_takes(plan, B, H, D, backward) -> bool:
     """Whether path="auto" runs a pass on the resident plan `plan` (of batch B, hidden size
-    H, D directions) where it would otherwise run it per step: forward on the splits of
-    RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY), backward with both
-    directions from RESIDENT_AUTO_BACKWARD_MIN_H up."""
+    H, D directions) where it would otherwise run it per step: a forward pass on the splits
+    of RESIDENT_AUTO_SPLITS whose rows B fills (RESIDENT_AUTO_MAX_EMPTY); never a backward
+    pass (the per-step path's split product was faster: the note after
+    RESIDENT_AUTO_SPLITS)."""
     if backward:
-        return D == 2 and H >= RESIDENT_AUTO_BACKWARD_MIN_H
+        return False
     return plan.split in RESIDENT_AUTO_SPLITS and \
         resident_empty(plan, B) <= RESIDENT_AUTO_MAX_EMPTY

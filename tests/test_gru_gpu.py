@@ -811,9 +811,10 @@ def _resident_top(cp, split):
 
 # per split: B and H one beyond a block's rows and units (H odd: rows read an element at a
 # time), B = 1 with H 2 below two blocks' units (H not a multiple of 4), whole blocks (H a
-# multiple of 4: 16-byte rows), and the largest H the GPU's shared memory holds ("top")
+# multiple of 4: 16-byte rows), the largest H the GPU's shared memory holds ("top"), and 4
+# below it ("tail": 16-byte rows whose last chunk of k, in each pass, is a partial one)
 _RESIDENT_CASES = [(split, case) for split in plans.RESIDENT_SPLITS
-                   for case in ("beyond", "one_row", "whole", "top")]
+                   for case in ("beyond", "one_row", "whole", "top", "tail")]
 
 
 @pytest.mark.parametrize("split,case", _RESIDENT_CASES,
@@ -833,6 +834,11 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
             "whole": (rows, 4 * units)}.get(case, (2, None))
     if case == "top":
         H, D = _resident_top(cp, split), 1
+    if case == "tail":
+        H = _resident_top(cp, split) // 4 * 4 - 4
+        assert H % _catalog.RESIDENT_CHUNK and 3 * H % _catalog.RESIDENT_BACKWARD_CHUNK[split]
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        D = 2 if 2 * -(-H // units) <= sms else 1
     blocks = -(-B // rows) * -(-H // units)
     assert D * blocks <= cp.cuda.Device().attributes["MultiProcessorCount"]
     plan = plans.ResidentPlan(rows, units, k_split, blocks, _catalog.resident_smem(split, H))
@@ -848,18 +854,39 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
 
 
 def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
-    """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the resident
-    kernels on this GPU for both passes (where a split fits), and gives the oracle's
-    results."""
+    """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the forward
+    pass on the resident kernel on this GPU (where a split fits) and the backward pass per
+    step, its product split: the per-step backward pass reads the history the resident
+    forward kernel left, and the results are the oracle's."""
     T, B, I, H = 3, 256, 7, 512
     f32 = np.dtype(np.float32)
     plan = plans.choose("auto", B, H, 2, f32, False, T, I)
     if plans.resident_plan(B, H, 2, f32) is None:
         pytest.skip("no resident split fits this GPU")
     assert isinstance(plan, plans.ResidentPlan), plan
-    assert plans.choose("auto", B, H, 2, f32, True, T, I) == plan
+    assert plans.choose("auto", B, H, 2, f32, True, T, I) is plans.STEPS
+    assert plans.backward_split(H, 2, 4, "strict") > 1
     p = problem(rng, T, B, I, H, True)
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))], p, np.float32)
+
+
+@pytest.mark.parametrize("H", [342, 650])
+def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, H):
+    """path="steps" with both directions at k = 3H >= SPLIT_MIN_K (float32 strict), as
+    path="auto" runs O14's backward pass: each step's product in slices of k (3 at H = 342,
+    6 at O14's H = 650; one batched cuBLAS call on tables of addresses) added into dh by
+    gru_add_chunks: the oracle's gradients, and the same bits on a second and third run
+    (which replay a CUDA graph)."""
+    assert plans.backward_split(H, 2, 4, "strict") == {342: 3, 650: 6}[H]
+    if H == 650:
+        assert plans.choose("auto", 48, H, 2, np.dtype(np.float32), True, 3, 5) is plans.STEPS
+    p = problem(rng, 3, 48, 5, H, True)
+    g = to_gpu(cp, cast(p, np.float32))
+    got = [cp.asnumpy(a) for a in run(g, path="steps")]
+    _check(got, p, np.float32)
+    for _ in range(2):
+        again = [cp.asnumpy(a) for a in run(g, path="steps")]
+        assert all(np.array_equal(a, b) for a, b in zip(got, again))
 
 
 @pytest.mark.parametrize("dtype,top", [(np.float32, 256), (np.float64, 128)], ids=["f32", "f64"])

@@ -81,6 +81,16 @@ class HostLoop:
             product = (a.T if transa else a) @ (b.T if transb else b)
             c[...] = product + beta * c if beta else product
 
+    def has_gemm_pointers(self):
+        return True
+
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+        """The batched GEMM of pointer arrays: each item's addresses read from the tables at
+        A, B and C (device arrays of uint64), then gemm on each."""
+        for a, b, c in zip(*(_table(t, batch) for t in (A, B, C))):
+            self.gemm(transa, transb, m, n, k, int(a), lda, 0, int(b), ldb, 0, beta, int(c),
+                      ldc, 0)
+
     def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
         kern(grid, block, shared_mem, cooperative, **args)
 
@@ -104,6 +114,11 @@ class HostLoop:
         (what Loop.replay's CUDA graph may be launched on)."""
         HostLoop.keys.append(key)
         issue(KeyedLoop(self, key))
+
+
+def _table(address, n):
+    """The n uint64 addresses of a pointer table at a raw address."""
+    return np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(address)).copy()
 
 
 def _key_buffers(key):
@@ -138,6 +153,12 @@ class KeyedLoop(HostLoop):
             self._named(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * it)
         super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
                      math)
+
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+        for table in (A, B, C):
+            self._named(table, batch * 8)
+        # (each item's operands are checked by gemm against the key's buffers)
+        super().gemm_pointers(transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch)
 
     def _arrays_named(self, values):
         for value in values:
@@ -631,6 +652,15 @@ def tile_backward(tile):
     return run
 
 
+def add_chunks(grid, block, shared_mem, cooperative, part, out, n, ld, chunks):
+    """gru_add_chunks<T>: out plus the partials, added in chunk order."""
+    part, out = part.reshape(-1), out.reshape(-1)
+    acc = out[:n].copy()
+    for c in range(chunks):
+        acc += part[c * ld:c * ld + n]
+    out[:n] = acc
+
+
 def sum_chunks(grid, block, shared_mem, cooperative, part, out, n, ld, chunks):
     """gru_sum_chunks<T>: the partials added in chunk order."""
     part, out = part.reshape(-1), out.reshape(-1)
@@ -669,6 +699,7 @@ def host_device(monkeypatch):
             ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False),
             ("gru_steps.cu", _catalog.step_backward("double")): backward_step,
             ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks,
+            ("gru_tail.cu", _catalog.add_chunks("double")): add_chunks,
             ("gru_tail.cu", _catalog.bias_sums("double")): bias_sums,
             ("gru_small.cu", _catalog.small_forward("double", True)): small_forward(True),
             ("gru_small.cu", _catalog.small_forward("double", False)): small_forward(False),
@@ -683,6 +714,7 @@ def host_device(monkeypatch):
         runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
     runs.update({("gru_steps.cu", _catalog.step_backward("float")): backward_step,
                  ("gru_tail.cu", _catalog.sum_chunks("float")): sum_chunks,
+                 ("gru_tail.cu", _catalog.add_chunks("float")): add_chunks,
                  ("gru_tail.cu", _catalog.bias_sums("float")): bias_sums})
     for tile in _catalog.TILES[8]:
         for lengths in (False, True):     # (the instances for variable lengths: LEN)
@@ -706,6 +738,8 @@ def host_device(monkeypatch):
                         lambda name, dt, *shapes: tuple(fake.empty(s, dt) for s in shapes))
     monkeypatch.setattr(_device, "outputs", lambda dt, *shapes: tuple(fake.empty(s, dt)
                                                                        for s in shapes))
+    monkeypatch.setattr(_device, "pointer_table", lambda key, build: np.ascontiguousarray(
+        build(), dtype=np.uint64).view(DevArray))
     monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
     monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
     monkeypatch.setattr(_device, "Loop", HostLoop)
@@ -865,6 +899,84 @@ def test_the_resident_plan_refuses_data_it_does_not_run_and_runs_views_off_16_by
     np.testing.assert_allclose(hn, ref_hn, rtol=1e-4, atol=1e-5)
 
 
+def test_backward_split_slices_the_long_sums_of_both_directions_only():
+    """backward_split: both directions, float32 under math="strict", k = 3H of at least
+    SPLIT_MIN_K; the divisor of k whose slice is nearest SPLIT_SLICE terms by ratio (the
+    slice counts measured on O14, S10 and O5); one product otherwise."""
+    split = plans.backward_split
+    assert plans.SPLIT_MIN_K == 1024 and plans.SPLIT_SLICE == 256
+    assert split(650, 2, 4, "strict") == 6       # O14: slices of 325
+    assert split(512, 2, 4, "strict") == 6       # S10: 256
+    assert split(1024, 2, 4, "strict") == 12     # O5: 256
+    assert split(342, 2, 4, "strict") == 3       # k = 1026: 342 (513 and 171 farther)
+    assert split(341, 2, 4, "strict") == 1       # k = 1023 < SPLIT_MIN_K
+    for args in ((650, 1, 4, "strict"), (650, 2, 8, "strict"), (650, 2, 4, "tf32")):
+        assert split(*args) == 1, args
+    for H in range(342, 2049):
+        S = split(H, 2, 4, "strict")
+        assert 3 * H % S == 0 and 3 * H // S >= 64 and S > 1, H
+
+
+def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_device, rng):
+    """The per-step backward pass of both directions at k = 3H >= SPLIT_MIN_K (float32):
+    each step's product runs as D*S slice products on the tables' addresses (inside the
+    replay, whose key must name the tables and the parts), gru_add_chunks adds them into dh,
+    and the gradients are the oracle's; inference and training give the same forward."""
+    T, B, I, H = 3, 3, 2, 342
+    S = plans.backward_split(H, 2, 4, "strict")
+    p = problem(rng, T, B, I, H, True)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
+    _, _, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                    plans.STEPS, bidirectional=True)
+    HostLoop.products.clear()
+    got = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
+    slices = [q for q in HostLoop.products if q[:4] == (H, B, 3 * H // S, 1)]
+    assert len(slices) == T * 2 * S
+    assert not [q for q in HostLoop.products if q[:3] == (H, B, 3 * H)]   # (no whole product)
+    for g, r in zip(got, ref):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+
+
+def test_the_resident_backward_pass_refuses_float64_and_runs_w_hh_off_16_bytes_per_step(
+        host_device, rng, monkeypatch):
+    """plans.backward on a resident plan: float64 data is a ValueError naming the pass and
+    the dtype; a W_hh off 16-byte boundaries (a view into a larger array) runs the per-step
+    recurrence (the kernel reads W_hh 16 bytes at a time), with the oracle's gradients."""
+    plan = plans.resident_split(3, 8, 1, 132, 232448)
+    p = problem(rng, 2, 3, 4, 8, False)
+    w = weights(p)
+    _, _, saved64 = plans.forward(host_device(p["x"]), host_device(p["h0"]),
+                                  *map(host_device, w), plans.STEPS)
+    with pytest.raises(ValueError, match="runs float32 data without quant or lengths; this "
+                                         "backward pass has float64"):
+        plans.backward(host_device(p["dy"]), None, saved64, plan)
+    f32 = lambda a: host_device(a.astype(np.float32))  # noqa: E731
+    flat = np.zeros(w[1].size + 1, np.float32)       # W_hh 4 bytes into a larger buffer
+    flat[1:] = w[1].reshape(-1)
+    w_hh = flat[1:].reshape(w[1].shape).view(type(f32(w[1])))
+    assert w_hh.data.ptr % 16
+    _, _, saved = plans.forward(f32(p["x"]), f32(p["h0"]), f32(w[0]), w_hh, f32(w[2]),
+                                f32(w[3]), plan)
+    per_step, steps_backward = [], plans.StepsPlan.backward
+
+    def counted(self, loop, q):
+        per_step.append(q)
+        return steps_backward(self, loop, q)
+    monkeypatch.setattr(plans.StepsPlan, "backward", counted)
+    monkeypatch.setattr(_catalog, "resident_backward",
+                        lambda split: pytest.fail("the resident backward kernel was asked for"))
+    got = plans.backward(f32(p["dy"]), f32(p["dh_n"]), saved, plan)
+    assert len(per_step) == 1
+    _, _, ref_saved = oracle.gru_forward(p["x"], p["h0"], *w)
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], ref_saved)
+    for g, r in zip(got, ref):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+
+
 def test_the_resident_splits_fill_their_blocks_and_fit_a_block_s_shared_memory():
     """Each RESIDENT_SPLITS entry fills RESIDENT_THREADS threads (groups of rows / 4 x units
     / 2 threads, one a k slice of a chunk); resident_smem counts the W_hh columns (k
@@ -919,13 +1031,13 @@ def test_resident_split_takes_the_least_work_a_thread_that_fits_the_sms():
     assert plan.smem == _catalog.resident_smem(plan.split, 512) <= H200["smem_limit"]
 
 
-def test_among_the_benchmark_s_shapes_auto_runs_s9_s10_and_o14_alone_on_the_resident_kernel(
+def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_resident_kernel(
         monkeypatch):
     """On an H200 stand-in (its SMs, its shared memory, the tile kernels' groups at once
-    as measured) path="auto" runs the forward pass of S9 and S10 and the backward pass of
-    S10 and O14 on the resident kernels, and no other pass of bench.paths' tables (S1-S10,
-    O1-O16, A1-A6): O5's backward pass keeps the persist kernels, and the plans
-    docs/gpu-report.md's off-table runs had stay."""
+    as measured) path="auto" runs the forward pass of S9 and S10 on the resident kernels,
+    and no other pass of bench.paths' tables (S1-S10, O1-O16, A1-A6); the backward passes
+    of S10, O14 and O5 run per step (their products split), O5's no longer on the persist
+    kernels."""
     from bench.paths import ALL
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
@@ -940,17 +1052,20 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_s10_and_o14_alone_on_the_resi
                     for backward in (False, True)
                     if isinstance(plans.choose("auto", B, H, 2 if bi else 1, f32, backward,
                                                T, I), plans.ResidentPlan)}
+        split = {sid: plans.choose("auto", B, H, 2 if bi else 1, f32, True, T, I)
+                 for sid, ((T, B, I, H, bi), _) in ALL.items() if sid in ("S10", "O14", "O5")}
     finally:
         _plan._fast_plan.cache_clear()
-    assert resident == {("S9", False), ("S10", False), ("S10", True), ("O14", True)}
+    assert resident == {("S9", False), ("S10", False)}
+    assert split == dict.fromkeys(("S10", "O14", "O5"), plans.STEPS)
 
 
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):
     """path="auto" takes the resident kernels for a pass that would run per step (float32
     or half data computing in float32, math="strict", no quant, no lengths, a split that
-    fits; forward, B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY; backward, both
-    directions from RESIDENT_AUTO_BACKWARD_MIN_H up); path="resident" takes them wherever
-    they fit or is a ValueError naming what does not."""
+    fits; forward alone, B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY; a backward
+    pass runs per step, its product split); path="resident" takes them wherever they fit
+    or is a ValueError naming what does not."""
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
@@ -960,8 +1075,7 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     want = plans.resident_split(256, 512, 2, **H200)
     assert plans.choose("auto", 256, 512, 2, f32, False, 50, 512) == want
     assert plans.choose("resident", 256, 512, 2, f32, False, 50, 512) == want
-    assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) == want
-    # backward: one direction, or H below the bound, runs per step
+    assert plans.choose("auto", 256, 512, 2, f32, True, 50, 512) is plans.STEPS
     assert plans.choose("auto", 256, 512, 1, f32, True, 50, 512) is plans.STEPS
     assert plans.resident_split(256, 511, 2, **H200) is not None
     assert plans.choose("auto", 256, 511, 2, f32, True, 50, 512) is plans.STEPS
@@ -977,7 +1091,7 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     o14 = plans.resident_split(48, 650, 2, **H200)          # (16 of its 64 rows empty)
     assert plans.resident_empty(o14, 48) == 0.25 > plans.RESIDENT_AUTO_MAX_EMPTY
     assert plans.choose("auto", 48, 650, 2, f32, False, 100, 90) is plans.STEPS
-    assert plans.choose("auto", 48, 650, 2, f32, True, 100, 90) == o14
+    assert plans.choose("auto", 48, 650, 2, f32, True, 100, 90) is plans.STEPS
     s9 = plans.choose("auto", 64, 1024, 1, f32, False, 100, 1024)
     assert s9.split == (32, 16, 4) and plans.resident_empty(s9, 64) == 0
     assert plans.choose("auto", 64, 1024, 1, f32, True, 100, 1024) is plans.STEPS
@@ -1701,29 +1815,33 @@ def test_auto_takes_the_small_path_within_its_limits(monkeypatch):
 def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(monkeypatch):
     """path="auto" runs a persist split (fast_plan's choice where no tile split holds the
     shape) for the backward pass of two directions with at least PERSIST_AUTO_MIN_ROWS rows
-    and at most PERSIST_AUTO_MAX_WORK work per step; one direction takes the per-step path,
-    and so does the forward pass (the resident kernel's 32 rows a block would hold 3); B = 1
-    and larger work, with both directions at H = 1024, the resident backward kernel.
-    path="fast" keeps the persist split."""
+    and at most PERSIST_AUTO_MAX_WORK work per step, where the per-step product would not
+    be split (float64 at O5's H = 1024; float32 below k = SPLIT_MIN_K); where it would be
+    (float32 at H = 1024), the per-step path. One direction takes the per-step path, and
+    so does the forward pass. path="fast" keeps the persist split."""
     from cugru import _plan
     persist = plans.PersistPlan(57, 18, 4, 1024, 1024, 100_000, 100_000)
-    f32 = np.dtype(np.float32)
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: persist)   # (no GPU to plan on)
     monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
         id=0, sms=H200["sms"], smem_optin=H200["smem_limit"]))
     B, H = 3, 1024                                                  # O5
     assert B * 3 * H * H <= plans.PERSIST_AUTO_MAX_WORK
-    assert plans.choose("auto", B, H, 2, f32, backward=True) is persist
-    assert plans.choose("auto", B, H, 2, f32, backward=False) is plans.STEPS
-    assert plans.choose("fast", B, H, 2, f32, backward=False) is persist
-    assert plans.choose("auto", B, H, 1, f32, backward=True) is plans.STEPS
-    assert isinstance(plans.choose("auto", 1, H, 2, f32, backward=True), plans.ResidentPlan)
+    assert plans.backward_split(H, 2, 4, "strict") > 1
+    assert plans.choose("auto", B, H, 2, f32, backward=True) is plans.STEPS
+    assert plans.choose("auto", B, H, 2, f64, backward=True) is persist
+    assert plans.choose("auto", B, 341, 2, f32, backward=True) is persist     # (k = 1023)
+    assert plans.choose("auto", B, 342, 2, f32, backward=True) is plans.STEPS
+    assert plans.choose("auto", B, H, 2, f64, backward=False) is plans.STEPS
+    assert plans.choose("fast", B, H, 2, f32, backward=True) is persist
+    assert plans.choose("fast", B, H, 2, f64, backward=False) is persist
+    assert plans.choose("auto", B, H, 1, f64, backward=True) is plans.STEPS
     big = 16                     # 16 x 3 x 1024^2 passes the work bound
     assert big * 3 * H * H > plans.PERSIST_AUTO_MAX_WORK
-    assert isinstance(plans.choose("auto", big, H, 2, f32, backward=True),
-                      plans.ResidentPlan)
+    assert plans.choose("auto", big, H, 2, f64, backward=True) is plans.STEPS
     assert plans.auto_takes(persist, 2, 768, 2, backward=True)
+    assert not plans.auto_takes(persist, 2, 768, 2, backward=True, split=9)
     assert not plans.auto_takes(persist, 2, 768, 2)
     assert not plans.auto_takes(None, 2, 768, 2, backward=True)
 

@@ -1,7 +1,8 @@
 // gru_tail.cu: the backward pass's tail after the recurrence, shared by every path. The
 // weight and bias gradients are GEMMs over all T*B rows in chunks (cugru/_passes.py):
 // gru_sum_chunks adds the chunks' partial sums in chunk order; a pass of few rows sums its
-// bias gradients in gru_bias_sums instead. No atomics: the same bits every run.
+// bias gradients in gru_bias_sums instead. gru_add_chunks serves the per-step backward
+// recurrence (its split product). No atomics: the same bits every run.
 #include "gru_common.cuh"
 
 // out[k] = part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n (part rows ld apart):
@@ -13,6 +14,21 @@ __global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, 
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
         T a = part[k];
         for (int c = 1; c < chunks; ++c) a += part[c * ld + k];
+        out[k] = a;
+    }
+}
+
+// out[k] = out[k] + part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n, added in
+// that order (part rows ld apart): the per-step backward product split along its sum (the
+// slices' products written apart, cugru/_plan.py's StepsPlan) added into the carried
+// gradient. Grid-stride over k.
+template <typename T>
+__global__ void gru_add_chunks(const T* __restrict__ part, T* __restrict__ out, long long n,
+                               long long ld, int chunks) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
+        T a = out[k];
+        for (int c = 0; c < chunks; ++c) a += part[c * ld + k];
         out[k] = a;
     }
 }
