@@ -569,22 +569,31 @@ def test_small_path_pairs_with_the_other_plans(cp, rng, monkeypatch, other, smal
 def test_auto_runs_a_persist_backward_after_a_per_step_forward(cp, rng, dtype):
     """Where fast_plan gives a persist split (B = 3, H = 768, both directions: no tile split
     holds it), path="auto" runs the forward pass per step and the backward pass on the
-    persist kernels (plans.auto_takes); the pair gives the oracle's results, the same bits
-    on a second run."""
+    persist kernels in float64 (plans.auto_takes), per step in float32, whose per-step
+    product splits (backward_split); the per-step forward paired with the persist backward
+    (auto's in float64, asked for in float32) and with the split backward gives the
+    oracle's results, the same bits on a second run."""
     T, B, I, H = 4, 3, 5, 768
     fast = plans.fast_plan(B, H, 2, dtype, backward=True)
     if dtype == np.float64 and not isinstance(fast, plans.PersistPlan):
         pytest.skip(f"fast_plan gives {fast} for this shape in float64 on this GPU")
     assert isinstance(fast, plans.PersistPlan), fast
     f = np.dtype(dtype)
+    split = plans.backward_split(H, 2, f.itemsize, "strict")
+    assert split == (1 if dtype == np.float64 else 9)
     assert plans.choose("auto", B, H, 2, f, False, T, I) is plans.STEPS
-    assert plans.choose("auto", B, H, 2, f, True, T, I) == fast
+    assert plans.choose("auto", B, H, 2, f, True, T, I) == (fast if split == 1 else plans.STEPS)
     p = problem(rng, T, B, I, H, True)
     g = to_gpu(cp, cast(p, dtype))
     got = [cp.asnumpy(a) for a in run(g)]
     _check(got, p, dtype)
     again = [cp.asnumpy(a) for a in run(g)]
     assert all(np.array_equal(a, b) for a, b in zip(got, again))
+    if split > 1:
+        y, hn, saved = plans.forward(g["x"], g["h0"], *weights(g), plans.STEPS,
+                                     bidirectional=True)
+        grads = plans.backward(g["dy"], g["dh_n"], saved, fast)
+        _check([cp.asnumpy(a) for a in (y, hn) + tuple(grads)], p, dtype)
 
 
 def _run_plan(cp, monkeypatch, p, dtype, plan):
