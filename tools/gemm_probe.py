@@ -97,6 +97,18 @@ def timed(cp, fn, reps, rounds=5):
     return statistics.median(got)
 
 
+def measured(cp, fn, C, reps):
+    """(µs a call, C after one call from zeros, whether a second such call gives the same
+    bits) of fn, which writes C (its beta kept: C zeroed before each checked call)."""
+    us = timed(cp, fn, reps)
+    got = []
+    for _ in range(2):
+        C.fill(0)
+        fn()
+        got.append(C.get())
+    return us, got[0], np.array_equal(*got)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="*", default=["O14", "S10", "S9", "O16", "O5", "O3"])
@@ -140,14 +152,9 @@ def main(argv=None):
                 def run(fn=fn, A=A, Bm=Bm, C=C, one=one, zero=zero):
                     fn(handle, int(ta), int(tb), m, n, k, one.ctypes.data, A.data.ptr, lda, sA,
                        Bm.data.ptr, ldb, sB, zero.ctypes.data, C.data.ptr, ldc, sC, batch)
-                us = timed(cp, run, args.reps)
-                C.fill(0)
-                run()
-                first = C.get()
-                C.fill(0)
-                run()
+                us, first, same = measured(cp, run, C, args.reps)
                 print(f"| {sid} | {name} | {dims} | cuBLAS {np.dtype(dt).name} | - | "
-                      f"{us:.1f} | {np.array_equal(first, C.get())} |")
+                      f"{us:.1f} | {same} |")
                 if dt == np.float32:
                     A32, B32, C32, ref = A, Bm, C, first
             for row in _split_k(cp, blas, handle, args.reps, A32, B32, ref,
@@ -163,13 +170,7 @@ def main(argv=None):
                     if call is None:
                         continue
                     try:
-                        us = timed(cp, call, args.reps)
-                        C32.fill(0)
-                        call()
-                        first = C32.get()
-                        C32.fill(0)
-                        call()
-                        same = np.array_equal(first, C32.get())
+                        us, first, same = measured(cp, call, C32, args.reps)
                     except RuntimeError as e:
                         print(f"| {sid} | {name} | {dims} | Lt | {conf} | failed: {e} | - |")
                         continue
@@ -217,31 +218,27 @@ def _split_k(cp, cublas, handle, reps, A, B, ref, key, beta):
         arrays = [cp.asarray(np.array(col, np.uint64)) for col in zip(*ptrs)]
         grid = (-(-m * n // 256), batch)
 
+        def add_parts():
+            reduce(grid, (256,), (parts, C, np.int32(S), np.int32(m * n), np.int32(batch),
+                                  np.int64(sC), fbeta))
+
         def strided():
             for d in range(batch):
                 cublas.sgemm_sb(
                     handle, int(ta), int(tb), m, n, ks, one.ctypes.data,
                     A.data.ptr + d * sA * 4, lda, step_a, B.data.ptr + d * sB * 4, ldb, ks,
                     zero.ctypes.data, parts.data.ptr + d * S * m * n * 4, m, m * n, S)
-            reduce(grid, (256,), (parts, C, np.int32(S), np.int32(m * n), np.int32(batch),
-                                  np.int64(sC), fbeta))
+            add_parts()
 
         def pointers():
             cublas.sgemm_b(handle, int(ta), int(tb), m, n, ks, one.ctypes.data,
-                                arrays[0].data.ptr, lda, arrays[1].data.ptr, ldb,
-                                zero.ctypes.data, arrays[2].data.ptr, m, batch * S)
-            reduce(grid, (256,), (parts, C, np.int32(S), np.int32(m * n), np.int32(batch),
-                                  np.int64(sC), fbeta))
+                           arrays[0].data.ptr, lda, arrays[1].data.ptr, ldb,
+                           zero.ctypes.data, arrays[2].data.ptr, m, batch * S)
+            add_parts()
         for label, fn in (("split k by hand, strided", strided),
                           ("split k by hand, pointers", pointers)):
             try:
-                us = timed(cp, fn, reps)
-                C.fill(0)
-                fn()
-                got = C.get()
-                C.fill(0)
-                fn()
-                same = np.array_equal(got, C.get())
+                us, got, same = measured(cp, fn, C, reps)
             except Exception as e:  # noqa: BLE001
                 rows.append((label, f"S = {S}", f"failed: {e}", "-"))
                 continue

@@ -5,32 +5,34 @@
 // recurrence (its split product). No atomics: the same bits every run.
 #include "gru_common.cuh"
 
-// out[k] = part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n (part rows ld apart):
-// the per-chunk weight-gradient GEMMs' results folded in. Grid-stride over k.
-template <typename T>
-__global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, long long n,
-                               long long ld, int chunks) {
+// The chunks' partial sums folded in, in chunk order (part rows ld apart), for k < n:
+// out[k] = part[0][k] + ... + part[chunks-1][k], or with ADD out[k] + part[0][k] + ... .
+// Grid-stride over k.
+template <typename T, bool ADD>
+__device__ __forceinline__ void gru_fold_chunks(const T* __restrict__ part,
+                                                T* __restrict__ out, long long n,
+                                                long long ld, int chunks) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
-        T a = part[k];
-        for (int c = 1; c < chunks; ++c) a += part[c * ld + k];
+        T a = ADD ? out[k] : part[k];
+        for (int c = ADD ? 0 : 1; c < chunks; ++c) a += part[c * ld + k];
         out[k] = a;
     }
 }
 
-// out[k] = out[k] + part[0][k] + part[1][k] + ... + part[chunks-1][k] for k < n, added in
-// that order (part rows ld apart): the per-step backward product split along its sum (the
-// slices' products written apart, cugru/_plan.py's StepsPlan) added into the carried
-// gradient. Grid-stride over k.
+// The per-chunk weight-gradient GEMMs' results folded into out.
+template <typename T>
+__global__ void gru_sum_chunks(const T* __restrict__ part, T* __restrict__ out, long long n,
+                               long long ld, int chunks) {
+    gru_fold_chunks<T, false>(part, out, n, ld, chunks);
+}
+
+// The per-step backward product split along its sum (the slices' products written apart,
+// cugru/_plan.py's StepsPlan) added into the carried gradient out.
 template <typename T>
 __global__ void gru_add_chunks(const T* __restrict__ part, T* __restrict__ out, long long n,
                                long long ld, int chunks) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
-        T a = out[k];
-        for (int c = 0; c < chunks; ++c) a += part[c * ld + k];
-        out[k] = a;
-    }
+    gru_fold_chunks<T, true>(part, out, n, ld, chunks);
 }
 
 // The bias gradients of a pass of few rows, summed in double (float data too: within a
