@@ -183,7 +183,8 @@ def markdown(rows, device, limits=None):
                   "Largest H for which cugru.plans.fast_plan finds a split (binary search up to "
                   "16384; path='auto' takes the persist kernels for a backward pass of two "
                   "directions alone, with B >= PERSIST_AUTO_MIN_ROWS and B*3H*H <= "
-                  "PERSIST_AUTO_MAX_WORK, and grid scope up to GRID_AUTO_MAX_WAVES waves), "
+                  "PERSIST_AUTO_MAX_WORK where the per-step product would not be split "
+                  "(backward_split), and grid scope up to GRID_AUTO_MAX_WAVES waves), "
                   "with the scope and block count there, and the largest H it runs at block "
                   "and at cluster scope.", "",
                   "| dtype | directions | B | largest H | scope there | blocks there | "

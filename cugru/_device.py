@@ -98,9 +98,13 @@ def scratch(name, dtype, *shapes):
     return arrays
 
 
-#: pointer_table's kept tables (at most POINTER_TABLES, the oldest made dropped first)
+#: pointer_table's kept tables: at most POINTER_TABLES of them and POINTER_TABLE_BYTES in
+#: all, the least recently asked for dropped first (a dropped table's memory goes back to
+#: CuPy's pool on the stream it was made on, which orders its next use after the launches
+#: already issued there)
 POINTER_TABLES = 256
-_TABLES: dict = {}
+POINTER_TABLE_BYTES = 1 << 26
+_TABLES: OrderedDict = OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
 
@@ -111,15 +115,17 @@ def pointer_table(key, build):
     key holds the table) reads the same addresses from any table made for that key."""
     cp = runtime.cupy_module()
     key = (key, cp.cuda.runtime.getDevice())
-    table = _TABLES.get(key)
-    if table is None:
-        with _TABLES_LOCK:
-            table = _TABLES.get(key)
-            if table is None:
-                table = cp.asarray(np.ascontiguousarray(build(), dtype=np.uint64))
-                while len(_TABLES) >= POINTER_TABLES:
-                    del _TABLES[next(iter(_TABLES))]
-                _TABLES[key] = table
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is None:
+            table = cp.asarray(np.ascontiguousarray(build(), dtype=np.uint64))
+            kept = sum(t.nbytes for t in _TABLES.values())
+            while _TABLES and (len(_TABLES) >= POINTER_TABLES
+                               or kept + table.nbytes > POINTER_TABLE_BYTES):
+                kept -= _TABLES.popitem(last=False)[1].nbytes
+            _TABLES[key] = table
+        else:
+            _TABLES.move_to_end(key)
     return table
 
 
@@ -322,6 +328,13 @@ def _cublas_lib(handle):
             found = lt = None
         _CUBLAS["lib"], _CUBLAS["lt"] = found, lt
     return _CUBLAS["lib"]
+
+
+def has_batched_pointers() -> bool:
+    """Whether cuBLAS's batched GEMM of pointer arrays is at hand on the current device
+    (the libcublas CuPy calls, found by _cublas_lib): what the per-step path's split
+    backward product (Loop.gemm_pointers) needs."""
+    return _cublas_lib(runtime.cupy_module().cuda.device.get_cublas_handle()) is not None
 
 
 #: the passes' products go through cuBLASLt with each product's algorithm chosen once
@@ -706,7 +719,8 @@ class Loop:
         are the addresses of device arrays of the items' addresses (pointer_table): cuBLAS'
         batched GEMM on the pass's handle, stream and math (has_gemm_pointers: only where
         the library is found)."""
-        self.bind()
+        if not self.has_gemm_pointers():
+            raise RuntimeError("gemm_pointers needs cuBLAS' own library (has_gemm_pointers)")
         if self._mode is None:
             self._bind_handle()
         cb = self._cublas

@@ -39,14 +39,15 @@ from . import _catalog as cat
 from . import _device as dev
 from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 
-#: path="auto" takes the persist kernels for a backward pass only, where the per-step
-#: path's product is not split (backward_split: O5's split per-step recurrence took 9.9 µs
-#: a step against the persist kernels' 34.2 on an H200) (their forward pass took
-#: 1.1-3.1x the per-step path's time on every shape measured, B = 1-16, H = 768-1536,
-#: tools/persist_probe.py, docs/performance.md), and there only with both directions, at
-#: least PERSIST_AUTO_MIN_ROWS batch rows and up to PERSIST_AUTO_MAX_WORK recurrent work per
-#: step and direction (B * 3H * H multiply-adds). With both directions the per-step path's
-#: backward products (one cuBLAS call over the two) took 37-69 µs a step at B = 2-8 where
+#: path="auto" takes the persist kernels for a backward pass only, and only where the
+#: per-step path's product is not split (backward_split; O5, the one shape measured where
+#: auto had taken them, ran its split per-step recurrence in 9.9 µs a step against the
+#: persist kernels' 34.2 on an H200). Their forward pass took 1.1-3.1x the per-step path's
+#: time on every shape measured (B = 1-16, H = 768-1536, tools/persist_probe.py,
+#: docs/performance.md). Taken with both directions alone, at least PERSIST_AUTO_MIN_ROWS
+#: batch rows and up to PERSIST_AUTO_MAX_WORK recurrent work per step and direction (B *
+#: 3H * H multiply-adds): there the per-step path's unsplit backward products (one cuBLAS
+#: call over the two directions) took 37-69 µs a step at B = 2-8 where
 #: the persist kernels took 24-44; at B = 1, with one direction, and beyond the work bound
 #: (S3's 12.6 M tied, S8's 50 M lost) the per-step path won
 PERSIST_AUTO_MAX_WORK = 1 << 24
@@ -57,9 +58,11 @@ PERSIST_AUTO_MIN_ROWS = 2
 #: cuBLAS call over directions and slices, on tables of addresses) are written apart and
 #: gru_add_chunks adds them into dh in slice order. cuBLAS' strided-batched call splits no
 #: sum across blocks, so a few blocks ran the long sums: measured on an H200
-#: (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product, split against
-#: one call): O14 14.7 (6 slices) against 38.4, S10 27.9 (6) against 38.5, O5 8.2 (12)
-#: against 47.8. Slices of about SPLIT_SLICE terms (backward_split)
+#: (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product, split, with the
+#: probe's own sum of the slices, against one call): O14 14.7 (6 slices) against 38.4, S10
+#: 27.9 (6) against 38.5, O5 8.2 (12) against 47.8; the backward recurrence as the pass runs
+#: it: docs/performance.md. Slices of about SPLIT_SLICE terms (backward_split); not
+#: measured below k = 1536
 SPLIT_MIN_K = 1024
 SPLIT_SLICE = 256
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
@@ -112,6 +115,9 @@ def backward_split(H, D, itemsize, math) -> int:
 
 
 # ----------------------------------------------------------------------------------- steps
+#: (StepsPlan.backward_step's default: make the split product's buffers there)
+_MAKE_SPLIT = object()
+
 @dataclass(frozen=True)
 class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
@@ -178,10 +184,12 @@ class StepsPlan:
         slices of k (backward_split; where the loop has cuBLAS' batched GEMM of pointer
         arrays), else None. `parts` holds the slices' products (S, D, B, H); `table` their
         operands' addresses: row 0 W_hh's slices, row 1 the parts, row 2 + s dgh[d, s]'s
-        slices, D*S columns each (direction-major). Made before a pass is issued: never
-        inside a capture."""
+        slices, D*S columns each (direction-major). Made before the pass is issued, outside
+        Loop.replay's capture; None while the caller's stream is being captured."""
         S = backward_split(p.H, p.D, p.dtype.itemsize, p.math)
-        if S == 1 or not loop.has_gemm_pointers():
+        if S == 1 or not loop.has_gemm_pointers() or dev.capturing(dev.cupy()):
+            # (under a caller's CUDA graph capture, e.g. torch.cuda.graph, the table could
+            # neither be uploaded nor kept for the graph's life: one product a step)
             return None
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G, ks = 3 * H, 3 * H // S
@@ -197,24 +205,24 @@ class StepsPlan:
         table = dev.pointer_table(("split", w_hh, dgh, out, T, B, H, D, S, it), build)
         return S, parts, table
 
-    def backward_step(self, loop, p, start=True, split=False):
+    def backward_step(self, loop, p, start=True, split=_MAKE_SPLIT):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
         gradient they update (p.dh0: dh_n, or zeros, at the start, set here with `start`;
-        dh0 after step 0). `split`: split_product's, where the caller made it (False:
-        made here)."""
+        dh0 after step 0). `split`: split_product's (None: one product a step), made here
+        unless the caller made it."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
         dh = p.dh0
         if start:
             self.start_backward(p)
-        if split is False:
+        if split is _MAKE_SPLIT:
             split = self.split_product(loop, p)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 self.backward_args(p, dh), step_arg="s")
-        w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
         if split is not None:
             return pointwise, self._split_product(loop, p, split, dh), dh
+        w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
 
         def product(s):
             # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
@@ -1073,6 +1081,8 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
                          f"{np.dtype(dtype)} do not fit the fast path on this GPU "
                          "(docs/gru-design.md lists its limits); use path='auto' or 'steps'")
     split = backward_split(H, D, dtype.itemsize, math) if backward else 1
+    if split > 1 and not dev.has_batched_pointers():
+        split = 1           # (the per-step pass then runs one product a step)
     if path == "fast" or auto_takes(fast, B, H, D, backward, split):
         return fast
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)

@@ -880,7 +880,7 @@ def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
 
 
 @pytest.mark.parametrize("H", [342, 650])
-def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, H):
+def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, monkeypatch, H):
     """path="steps" with both directions at k = 3H >= SPLIT_MIN_K (float32 strict), as
     path="auto" runs O14's backward pass: each step's product in slices of k (3 at H = 342,
     6 at O14's H = 650; one batched cuBLAS call on tables of addresses) added into dh by
@@ -891,7 +891,15 @@ def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, H):
         assert plans.choose("auto", 48, H, 2, np.dtype(np.float32), True, 3, 5) is plans.STEPS
     p = problem(rng, 3, 48, 5, H, True)
     g = to_gpu(cp, cast(p, np.float32))
+    calls, gemm_pointers = [], _device.Loop.gemm_pointers
+
+    def counted(self, *args):
+        calls.append(args[-1])                   # (the batch: D * S slice products)
+        return gemm_pointers(self, *args)
+    monkeypatch.setattr(_device.Loop, "gemm_pointers", counted)
+    plans.clear_graphs()           # (the first call then issues its steps: no cached graph)
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
+    assert calls and set(calls) == {2 * plans.backward_split(H, 2, 4, "strict")}
     _check(got, p, np.float32)
     for _ in range(2):
         again = [cp.asnumpy(a) for a in run(g, path="steps")]

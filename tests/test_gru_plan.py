@@ -22,6 +22,14 @@ from cukernels import runtime
 from gru_cases import pairwise, problem, weights
 
 
+@pytest.fixture(autouse=True)
+def _batched_pointers(monkeypatch):
+    """The planner's stand-in GPUs have cuBLAS's batched GEMM of pointer arrays (the
+    library CuPy loads: _device.has_batched_pointers), as a GPU machine does; a test that
+    takes it away says so."""
+    monkeypatch.setattr(_device, "has_batched_pointers", lambda: True)
+
+
 class DevArray(np.ndarray):
     """A numpy array posing as a device array: .data.ptr is its address."""
 
@@ -738,6 +746,7 @@ def host_device(monkeypatch):
                         lambda name, dt, *shapes: tuple(fake.empty(s, dt) for s in shapes))
     monkeypatch.setattr(_device, "outputs", lambda dt, *shapes: tuple(fake.empty(s, dt)
                                                                        for s in shapes))
+    monkeypatch.setattr(_device, "capturing", lambda cp, stream=None: False)
     monkeypatch.setattr(_device, "pointer_table", lambda key, build: np.ascontiguousarray(
         build(), dtype=np.uint64).view(DevArray))
     monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
@@ -921,7 +930,8 @@ def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_dev
     """The per-step backward pass of both directions at k = 3H >= SPLIT_MIN_K (float32):
     each step's product runs as D*S slice products on the tables' addresses (inside the
     replay, whose key must name the tables and the parts), gru_add_chunks adds them into dh,
-    and the gradients are the oracle's; inference and training give the same forward."""
+    and the gradients are the oracle's. Under a caller's CUDA graph capture, and where
+    cuBLAS's batched GEMM of pointer arrays is missing, each step runs one product."""
     T, B, I, H = 3, 3, 2, 342
     S = plans.backward_split(H, 2, 4, "strict")
     p = problem(rng, T, B, I, H, True)
@@ -938,6 +948,47 @@ def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_dev
     for g, r in zip(got, ref):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+    for patch in ((_device, "capturing", lambda cp, stream=None: True),
+                  (HostLoop, "has_gemm_pointers", lambda self: False)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(*patch)
+            HostLoop.products.clear()
+            again = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
+            whole = [q for q in HostLoop.products if q[:4] == (H, B, 3 * H, 2)]
+            assert len(whole) == T and not [q for q in HostLoop.products if q[2] == 3 * H // S]
+            for g, r in zip(again, ref):
+                np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+
+
+def test_pointer_tables_are_kept_per_key_and_device_the_least_recently_asked_dropped(
+        monkeypatch):
+    """_device.pointer_table: a table is built once per key and device and kept; asking
+    for it again makes it the most recent; beyond POINTER_TABLES tables or
+    POINTER_TABLE_BYTES bytes the least recently asked for are dropped."""
+    device = [0]
+    fake = types.SimpleNamespace(asarray=np.asarray, cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: device[0])))
+    monkeypatch.setattr(runtime, "cupy_module", lambda: fake)
+    monkeypatch.setattr(_device, "_TABLES", type(_device._TABLES)())
+    monkeypatch.setattr(_device, "POINTER_TABLES", 3)
+    monkeypatch.setattr(_device, "POINTER_TABLE_BYTES", 10 * 8)
+    built = []
+
+    def table(key, n=2):
+        def build():
+            built.append(key)
+            return np.arange(n) + 100 * len(built)
+        return _device.pointer_table(key, build)
+    a = table("a")
+    assert a.dtype == np.uint64 and table("a") is a and built == ["a"]
+    device[0] = 1
+    assert table("a") is not a and built == ["a", "a"]        # (another device)
+    device[0] = 0
+    table("b"), table("a")              # a asked for last: b, then a on device 1, are older
+    table("c")                          # 4 tables > 3: the least recent, a on device 1, goes
+    assert [k for k, _ in _device._TABLES] == ["b", "a", "c"]
+    table("d", n=5)                     # 2 + 2 + 2 + 5 = 11 > 10 slots: b goes
+    assert [k for k, _ in _device._TABLES] == ["a", "c", "d"] and table("a") is a
 
 
 def test_the_resident_backward_pass_refuses_float64_and_runs_w_hh_off_16_bytes_per_step(
@@ -1844,6 +1895,11 @@ def test_auto_takes_the_persist_kernels_for_a_two_direction_backward_pass_alone(
     assert not plans.auto_takes(persist, 2, 768, 2, backward=True, split=9)
     assert not plans.auto_takes(persist, 2, 768, 2)
     assert not plans.auto_takes(None, 2, 768, 2, backward=True)
+    # without cuBLAS's batched GEMM of pointer arrays the per-step product is not split:
+    # the persist kernels again
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_device, "has_batched_pointers", lambda: False)
+    assert plans.choose("auto", B, H, 2, f32, backward=True) is persist
 
 
 def test_small_path_on_numpy_runs_the_oracle(rng):

@@ -72,9 +72,9 @@ def timed(cp, fn, reps, rounds=5):
     cublas = BLAS[0]
     handle = cp.cuda.device.get_cublas_handle()
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        cublas.set_stream(handle, stream.ptr)
-        try:
+    try:
+        with stream:
+            cublas.set_stream(handle, stream.ptr)
             fn()
             stream.synchronize()
             stream.begin_capture()
@@ -91,9 +91,8 @@ def timed(cp, fn, reps, rounds=5):
                 b.record(stream)
                 b.synchronize()
                 got.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / reps)
-        finally:
-            cublas.set_stream(handle, cp.cuda.get_current_stream().ptr)
-    cublas.set_stream(handle, cp.cuda.get_current_stream().ptr)
+    finally:
+        cublas.set_stream(handle, cp.cuda.get_current_stream().ptr)
     return statistics.median(got)
 
 
@@ -147,11 +146,11 @@ def main(argv=None):
             for dt, fn in ((np.float32, blas.sgemm_sb), (np.float64, blas.dgemm_sb)):
                 A, Bm = (cp.asarray(rng.uniform(-1, 1, s).astype(dt)) for s in (na, nb))
                 C = cp.zeros(nc, dt)
-                one, zero = np.ones(1, dt), np.full(1, beta, dt)
+                one, b_ = np.ones(1, dt), np.full(1, beta, dt)
 
-                def run(fn=fn, A=A, Bm=Bm, C=C, one=one, zero=zero):
+                def run(fn=fn, A=A, Bm=Bm, C=C, one=one, b_=b_):
                     fn(handle, int(ta), int(tb), m, n, k, one.ctypes.data, A.data.ptr, lda, sA,
-                       Bm.data.ptr, ldb, sB, zero.ctypes.data, C.data.ptr, ldc, sC, batch)
+                       Bm.data.ptr, ldb, sB, b_.ctypes.data, C.data.ptr, ldc, sC, batch)
                 us, first, same = measured(cp, run, C, args.reps)
                 print(f"| {sid} | {name} | {dims} | cuBLAS {np.dtype(dt).name} | - | "
                       f"{us:.1f} | {same} |")
@@ -310,12 +309,12 @@ def _matmul(lib, handle, algo, A, B, C, ws, wbytes, key, beta):
     desc, layouts = _desc(lib, key), _layouts(lib, key)
     _KEEP.append((desc, layouts, algo))
     a, b, c = layouts
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(beta)
+    one, b_ = ctypes.c_float(1.0), ctypes.c_float(beta)
     import cupy as cp
 
     def call():
         s = lib.matmul(handle.value, desc.value, ctypes.addressof(one), A.data.ptr, a.value,
-                       B.data.ptr, b.value, ctypes.addressof(zero), C.data.ptr, c.value,
+                       B.data.ptr, b.value, ctypes.addressof(b_), C.data.ptr, c.value,
                        C.data.ptr, c.value, ctypes.addressof(algo), ws if wbytes else None,
                        wbytes, cp.cuda.get_current_stream().ptr)
         if s != 0:
