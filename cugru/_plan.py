@@ -6,7 +6,8 @@ passes around the recurrence (the input projection before it, the weight gradien
 it: cugru/_passes.py) and every buffer's layout are shared, so the backward pass may run
 another plan than the forward pass did.
 
-    StepsPlan    one pointwise launch and one cuBLAS product per step (gru_steps.cu)
+    StepsPlan    one pointwise launch and one cuBLAS product per step (gru_steps.cu; the
+                 backward product of both directions split along its sum: backward_split)
     PersistPlan  one launch per pass; each block keeps a slice of W_hh in shared memory, and
                  the blocks of a direction meet at a counter every step (gru_persist.cu)
     TilePlan     one launch per pass; each thread keeps a tile of W_hh in registers; a group
@@ -56,8 +57,9 @@ PERSIST_AUTO_MIN_ROWS = 2
 #: dgh[d, s]: m = H, n = B, k = 3H, batched over the directions) is split along k where k is
 #: at least SPLIT_MIN_K (float32 data, math="strict"): the slices' products (one batched
 #: cuBLAS call over directions and slices, on tables of addresses) are written apart and
-#: gru_add_chunks adds them into dh in slice order. cuBLAS' strided-batched call splits no
-#: sum across blocks, so a few blocks ran the long sums: measured on an H200
+#: gru_add_chunks adds them into dh in slice order. cuBLAS' strided-batched call likely
+#: runs each long sum on one block (not profiled; with one direction float32 took about
+#: float64's time, with two twice it): measured on an H200
 #: (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product, split, with the
 #: probe's own sum of the slices, against one call): O14 14.7 (6 slices) against 38.4, S10
 #: 27.9 (6) against 38.5, O5 8.2 (12) against 47.8; the backward recurrence as the pass runs
@@ -121,7 +123,9 @@ _MAKE_SPLIT = object()
 @dataclass(frozen=True)
 class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
-    and one pointwise launch (grid axis y = direction)."""
+    and one pointwise launch (grid axis y = direction); where backward_split splits the
+    backward product, one batched call over directions and slices and gru_add_chunks in
+    its place (split_product)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
