@@ -7,7 +7,7 @@ it: cugru/_passes.py) and every buffer's layout are shared, so the backward pass
 another plan than the forward pass did.
 
     StepsPlan    one pointwise launch and one cuBLAS product per step (gru_steps.cu; the
-                 backward product of both directions split along its sum: backward_split)
+                 backward product split along its sum: backward_split)
     PersistPlan  one launch per pass; each block keeps a slice of W_hh in shared memory, and
                  the blocks of a direction meet at a counter every step (gru_persist.cu)
     TilePlan     one launch per pass; each thread keeps a tile of W_hh in registers; a group
@@ -53,26 +53,37 @@ from .quant import NO_QUANT_ARGS, QUANT_PARAMS
 #: (S3's 12.6 M tied, S8's 50 M lost) the per-step path won
 PERSIST_AUTO_MAX_WORK = 1 << 24
 PERSIST_AUTO_MIN_ROWS = 2
-#: the per-step path's backward product of both directions (per step, dh[d] += W_hh[d]'' @
-#: dgh[d, s]: m = H, n = B, k = 3H, batched over the directions) is split along k where k is
-#: at least SPLIT_MIN_K (float32 data, math="strict"): the slices' products (one batched
-#: cuBLAS call over directions and slices, on tables of addresses) are written apart and
-#: gru_add_chunks adds them into dh in slice order. cuBLAS' strided-batched call likely
-#: runs each long sum on one block (not profiled; with one direction float32 took about
-#: float64's time, with two twice it): measured on an H200
-#: (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product, split, with the
-#: probe's own sum of the slices, against one call): O14 14.7 (6 slices) against 38.4, S10
-#: 27.9 (6) against 38.5, O5 8.2 (12) against 47.8; the backward recurrence as the pass runs
-#: it: docs/performance.md. Slices of about SPLIT_SLICE terms (backward_split); not
-#: measured below k = 1536
+#: the per-step path's backward product (per step, dh[d] += W_hh[d]'' @ dgh[d, s]: m = H,
+#: n = B, k = 3H, batched over the directions) is split along k where k is at least
+#: SPLIT_MIN_K (float32 data, math="strict"): the slices' products (one batched cuBLAS call
+#: over directions and slices, on tables of addresses) are written apart and gru_add_chunks
+#: adds them into dh in slice order. cuBLAS' strided-batched call likely runs each long sum
+#: on one block (not profiled). Slices of about SPLIT_SLICE terms, at most SPLIT_MAX_SLICES
+#: of them (backward_split). Measured on an H200 (tools/gemm_probe.py --slices divisors,
+#: CUDA graphs of back-to-back products, µs a product with the probe's own sum of the
+#: slices; docs/performance.md): the fastest slice count against the rule's and one call,
+#: one direction: S9 15.6 (16 slices; the rule's 16) against 19.1, O6 30.3 (24; 24)
+#: against 38.9, O3 8.7 (12; the rule's 10: 9.6) against 10.6, O16 10.9 (8; 15: 12.4)
+#: against 12.8, S8 9.1 (8; 8) against 9.1; both directions: S10 24.3 (8; 8) against
+#: 38.8, O5 7.7 (16; 16) against 47.8, O14 14.5 (6; 10: 15.8) against 38.2. More slices
+#: than 24 were slower where the rule would reach them (O6: 32 slices 40.7). Not measured
+#: below k = 1536
 SPLIT_MIN_K = 1024
-SPLIT_SLICE = 256
+SPLIT_SLICE = 192
+SPLIT_MAX_SLICES = 24
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
 #: the whole recurrence), the per-step path beyond (see docs/performance.md). Measured on an
 #: H100 at a6080ba (bench.paths), with the per-step path replaying CUDA graphs: at 3 waves
 #: (O3, A3, A4) the per-step path took 0.59-0.70x grid scope's time, at 2 (S8, O16) they
 #: tied in train and grid scope won inference by 11-27%, at 1 (O4, A5, A6) grid scope won
 GRID_AUTO_MAX_WAVES = 2
+#: a backward pass whose per-step product splits (backward_split) runs per step rather than
+#: on a grid-scope tile plan of more than this many groups a direction. Measured on an H200
+#: (tools/resident_ab.py, the backward recurrence, µs a step, per step with the product in
+#: slices of about 256 terms, S8's 6 and O16's 12, against the grid plan): S8 (8 groups)
+#: 13.0 against 14.7, O16 (2 groups) 14.6 against 21.0; with one group the grid plan won:
+#: O4 (B = 1) 5.2 against 5.8 (and A5, whose product does not split, 5.6 against 8.3)
+GRID_AUTO_SPLIT_MAX_GROUPS = 1
 #: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
 #: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
 #: for nothing), and only on the splits of RESIDENT_AUTO_SPLITS. Measured on an H200
@@ -105,14 +116,15 @@ PERSIST_BARRIER_CYCLES = 2000
 
 
 def backward_split(H, D, itemsize, math) -> int:
-    """How many slices of k = 3H the per-step backward product is split into (1: one
-    product): with both directions, float32 data, math="strict" and k >= SPLIT_MIN_K, the
-    divisor S of k whose slice k/S lies nearest SPLIT_SLICE terms (by their ratio; the fewer
-    slices on a tie), slices of 64 terms at least; else 1."""
+    """How many slices of k = 3H the per-step backward product of D directions (one or
+    two alike) is split into (1: one product): with float32 data, math="strict" and k >=
+    SPLIT_MIN_K, the divisor S of k up to SPLIT_MAX_SLICES whose slice k/S lies nearest
+    SPLIT_SLICE terms (by their ratio; the fewer slices on a tie), slices of 64 terms at
+    least; else 1."""
     k = 3 * H
-    if D < 2 or itemsize != 4 or math != "strict" or k < SPLIT_MIN_K:
+    if itemsize != 4 or math != "strict" or k < SPLIT_MIN_K:
         return 1
-    return min((s for s in range(2, k // 64 + 1) if k % s == 0),
+    return min((s for s in range(2, min(SPLIT_MAX_SLICES, k // 64) + 1) if k % s == 0),
                key=lambda s: (abs(np.log(k / (s * SPLIT_SLICE))), s), default=1)
 
 
@@ -1038,7 +1050,11 @@ def auto_takes(plan, B, H, D=1, backward=False, split=1):
     if isinstance(plan, PersistPlan):
         return (backward and D > 1 and split == 1 and B >= PERSIST_AUTO_MIN_ROWS
                 and B * 3 * H * H <= PERSIST_AUTO_MAX_WORK)
-    return plan.cluster > 0 or -(-plan.groups // plan.slots) <= GRID_AUTO_MAX_WAVES
+    if plan.cluster > 0:
+        return True
+    if backward and split > 1 and plan.groups > GRID_AUTO_SPLIT_MAX_GROUPS:
+        return False
+    return -(-plan.groups // plan.slots) <= GRID_AUTO_MAX_WAVES
 
 
 _CHOSEN: dict = {}

@@ -21,10 +21,11 @@ from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA
 from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noqa: F401
                        PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
                        mma_warps, resident_smem, tile_has, tile_runs_on)
-from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
-                    PERSIST_AUTO_MIN_ROWS,
+from ._plan import (GRID_AUTO_MAX_WAVES, GRID_AUTO_SPLIT_MAX_GROUPS,  # noqa: F401
+                    PERSIST_AUTO_MAX_WORK, PERSIST_AUTO_MIN_ROWS,
                     RESIDENT_AUTO_MAX_EMPTY, RESIDENT_AUTO_SPLITS, SMALL,
-                    SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, SPLIT_MIN_K, SPLIT_SLICE, STEPS,
+                    SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, SPLIT_MAX_SLICES, SPLIT_MIN_K,
+                    SPLIT_SLICE, STEPS,
                     PersistPlan, ResidentPlan, SmallPlan, StepsPlan, TilePlan, auto_takes,
                     backward_split, choose, fast_plan,
                     groups_at_once, persist_cost, persist_split, resident, resident_applies,
@@ -36,9 +37,11 @@ from ._plan import (GRID_AUTO_MAX_WAVES, PERSIST_AUTO_MAX_WORK,  # noqa: F401
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
            "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
-           "GRID_AUTO_MAX_WAVES", "PERSIST_AUTO_MAX_WORK", "PERSIST_AUTO_MIN_ROWS", "SMALL",
+           "GRID_AUTO_MAX_WAVES", "GRID_AUTO_SPLIT_MAX_GROUPS", "PERSIST_AUTO_MAX_WORK",
+           "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan", "SPLIT_MIN_K", "SPLIT_SLICE",
+           "SPLIT_MAX_SLICES",
            "backward_split", "ResidentPlan", "RESIDENT_SPLITS",
            "RESIDENT_THREADS", "RESIDENT_AUTO_MAX_EMPTY", "RESIDENT_AUTO_SPLITS",
            "resident_auto_takes",

@@ -470,8 +470,9 @@ def test_auto_may_take_the_small_path_for_backward_alone(cp, rng):
 
 def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
-    waves of groups (any H: rows off 16-byte boundaries too); beyond, a forward pass runs
-    the resident kernel where B fills its blocks' rows (strict math), else per step."""
+    waves of groups (any H: rows off 16-byte boundaries too), but not for a backward pass
+    whose product splits on a grid plan of several groups; beyond, a forward pass runs the
+    resident kernel where B fills its blocks' rows (strict math), else per step."""
     chosen = []
     monkeypatch.setattr(cugru.gru._passes, "forward",
                         lambda a, plan, math="strict": chosen.append(plan) or (None, None, None))
@@ -485,6 +486,12 @@ def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     assert isinstance(plan, plans.TilePlan) and plan.scope == "grid"
     waves = -(-plan.groups // plan.slots)
     assert (auto(64, 512) == plan) == (waves <= plans.GRID_AUTO_MAX_WAVES)
+    # S8's backward pass runs per step: its product splits, and its grid plan has more
+    # than GRID_AUTO_SPLIT_MAX_GROUPS groups a direction
+    back = plans.fast_plan(64, 512, 1, np.float32, backward=True)
+    assert back.scope == "grid" and back.groups > plans.GRID_AUTO_SPLIT_MAX_GROUPS
+    assert plans.backward_split(512, 1, 4, "strict") > 1
+    assert plans.choose("auto", 64, 512, 1, np.dtype(np.float32), True, 2, 3) is plans.STEPS
     plan = plans.fast_plan(64, 1024, 1, np.float32)                 # S9
     waves = -(-plan.groups // plan.slots)
     resident = plans.resident_plan(64, 1024, 1, np.float32)
@@ -580,7 +587,7 @@ def test_auto_runs_a_persist_backward_after_a_per_step_forward(cp, rng, dtype):
     assert isinstance(fast, plans.PersistPlan), fast
     f = np.dtype(dtype)
     split = plans.backward_split(H, 2, f.itemsize, "strict")
-    assert split == (1 if dtype == np.float64 else 9)
+    assert split == (1 if dtype == np.float64 else 12)
     assert plans.choose("auto", B, H, 2, f, False, T, I) is plans.STEPS
     assert plans.choose("auto", B, H, 2, f, True, T, I) == (fast if split == 1 else plans.STEPS)
     p = problem(rng, T, B, I, H, True)
@@ -879,17 +886,19 @@ def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
     _check([cp.asnumpy(a) for a in run(to_gpu(cp, cast(p, np.float32)))], p, np.float32)
 
 
-@pytest.mark.parametrize("H", [342, 650])
-def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, monkeypatch, H):
-    """path="steps" with both directions at k = 3H >= SPLIT_MIN_K (float32 strict), as
-    path="auto" runs O14's backward pass: each step's product in slices of k (3 at H = 342,
-    6 at O14's H = 650; one batched cuBLAS call on tables of addresses) added into dh by
-    gru_add_chunks: the oracle's gradients, and the same bits on a second and third run
-    (which replay a CUDA graph)."""
-    assert plans.backward_split(H, 2, 4, "strict") == {342: 3, 650: 6}[H]
+@pytest.mark.parametrize("H,bi", [(342, True), (650, True), (342, False), (1000, False)])
+def test_steps_path_splits_the_backward_product(cp, rng, monkeypatch, H, bi):
+    """path="steps" at k = 3H >= SPLIT_MIN_K (float32 strict), with both directions as
+    path="auto" runs O14's backward pass, and with one as it runs O16's: each step's product
+    in slices of k (6 at H = 342, 10 at O14's H = 650, 15 at O16's H = 1000; one batched
+    cuBLAS call on tables of addresses) added into dh by gru_add_chunks: the oracle's
+    gradients, and the same bits on a second and third run (which replay a CUDA graph)."""
+    D = 2 if bi else 1
+    S = plans.backward_split(H, D, 4, "strict")
+    assert S == {342: 6, 650: 10, 1000: 15}[H]
     if H == 650:
         assert plans.choose("auto", 48, H, 2, np.dtype(np.float32), True, 3, 5) is plans.STEPS
-    p = problem(rng, 3, 48, 5, H, True)
+    p = problem(rng, 3, 48 if bi else 16, 5, H, bi)
     g = to_gpu(cp, cast(p, np.float32))
     calls, gemm_pointers = [], _device.Loop.gemm_pointers
 
@@ -899,7 +908,7 @@ def test_steps_path_splits_the_backward_product_of_both_directions(cp, rng, monk
     monkeypatch.setattr(_device.Loop, "gemm_pointers", counted)
     plans.clear_graphs()           # (the first call then issues its steps: no cached graph)
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
-    assert calls and set(calls) == {2 * plans.backward_split(H, 2, 4, "strict")}
+    assert calls and set(calls) == {D * S}
     _check(got, p, np.float32)
     for _ in range(2):
         again = [cp.asnumpy(a) for a in run(g, path="steps")]

@@ -908,42 +908,54 @@ def test_the_resident_plan_refuses_data_it_does_not_run_and_runs_views_off_16_by
     np.testing.assert_allclose(hn, ref_hn, rtol=1e-4, atol=1e-5)
 
 
-def test_backward_split_slices_the_long_sums_of_both_directions_only():
-    """backward_split: both directions, float32 under math="strict", k = 3H of at least
-    SPLIT_MIN_K; the divisor of k whose slice is nearest SPLIT_SLICE terms by ratio (the
-    slice counts measured on O14, S10 and O5); one product otherwise."""
+def test_backward_split_slices_the_long_sums_of_float32_strict():
+    """backward_split: float32 under math="strict", one direction or two, k = 3H of at
+    least SPLIT_MIN_K; the divisor of k up to SPLIT_MAX_SLICES whose slice is nearest
+    SPLIT_SLICE terms by ratio (the slice counts measured on S8-S10, O3, O5, O6, O14 and
+    O16); one product otherwise."""
     split = plans.backward_split
-    assert plans.SPLIT_MIN_K == 1024 and plans.SPLIT_SLICE == 256
-    assert split(650, 2, 4, "strict") == 6       # O14: slices of 325
-    assert split(512, 2, 4, "strict") == 6       # S10: 256
-    assert split(1024, 2, 4, "strict") == 12     # O5: 256
-    assert split(342, 2, 4, "strict") == 3       # k = 1026: 342 (513 and 171 farther)
-    assert split(341, 2, 4, "strict") == 1       # k = 1023 < SPLIT_MIN_K
-    for args in ((650, 1, 4, "strict"), (650, 2, 8, "strict"), (650, 2, 4, "tf32")):
+    assert plans.SPLIT_MIN_K == 1024 and plans.SPLIT_SLICE == 192
+    assert plans.SPLIT_MAX_SLICES == 24
+    for H, D, want in ((1024, 1, 16),    # S9: slices of 192
+                       (512, 2, 8),      # S10: 192
+                       (512, 1, 8),      # S8
+                       (1024, 2, 16),    # O5
+                       (650, 2, 10),     # O14: 195 (6 slices of 325 farther)
+                       (700, 1, 10),     # O3: 210 (12 of 175 a little farther)
+                       (1000, 1, 15),    # O16: 200
+                       (2048, 1, 24),    # O6: 256, the most slices (32 of 192 not taken)
+                       (342, 2, 6)):     # k = 1026: 171 (3 of 342 and 9 of 114 farther)
+        assert split(H, D, 4, "strict") == want, (H, D)
+    assert split(341, 2, 4, "strict") == split(341, 1, 4, "strict") == 1   # k = 1023
+    for args in ((650, 2, 8, "strict"), (650, 1, 8, "strict"), (650, 2, 4, "tf32")):
         assert split(*args) == 1, args
     for H in range(342, 2049):
-        S = split(H, 2, 4, "strict")
-        assert 3 * H % S == 0 and 3 * H // S >= 64 and S > 1, H
+        S = split(H, 1, 4, "strict")
+        assert S == split(H, 2, 4, "strict")
+        assert 3 * H % S == 0 and 3 * H // S >= 64 and 1 < S <= plans.SPLIT_MAX_SLICES, H
 
 
-def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_device, rng):
-    """The per-step backward pass of both directions at k = 3H >= SPLIT_MIN_K (float32):
+@pytest.mark.parametrize("bi", [True, False], ids=["two directions", "one direction"])
+def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_device, rng, bi):
+    """The per-step backward pass of one or two directions at k = 3H >= SPLIT_MIN_K (float32):
     each step's product runs as D*S slice products on the tables' addresses (inside the
     replay, whose key must name the tables and the parts), gru_add_chunks adds them into dh,
     and the gradients are the oracle's. Under a caller's CUDA graph capture, and where
     cuBLAS's batched GEMM of pointer arrays is missing, each step runs one product."""
     T, B, I, H = 3, 3, 2, 342
-    S = plans.backward_split(H, 2, 4, "strict")
-    p = problem(rng, T, B, I, H, True)
-    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True)
+    D = 2 if bi else 1
+    S = plans.backward_split(H, D, 4, "strict")
+    assert S == 6
+    p = problem(rng, T, B, I, H, bi)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi)
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
     _, _, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
-                                    plans.STEPS, bidirectional=True)
+                                    plans.STEPS, bidirectional=bi)
     HostLoop.products.clear()
     got = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
     slices = [q for q in HostLoop.products if q[:4] == (H, B, 3 * H // S, 1)]
-    assert len(slices) == T * 2 * S
+    assert len(slices) == T * D * S
     assert not [q for q in HostLoop.products if q[:3] == (H, B, 3 * H)]   # (no whole product)
     for g, r in zip(got, ref):
         assert g.dtype == np.float32
@@ -954,7 +966,7 @@ def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_dev
             mp.setattr(*patch)
             HostLoop.products.clear()
             again = plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
-            whole = [q for q in HostLoop.products if q[:4] == (H, B, 3 * H, 2)]
+            whole = [q for q in HostLoop.products if q[:4] == (H, B, 3 * H, D)]
             assert len(whole) == T and not [q for q in HostLoop.products if q[2] == 3 * H // S]
             for g, r in zip(again, ref):
                 np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
@@ -1088,7 +1100,9 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_
     as measured) path="auto" runs the forward pass of S9 and S10 on the resident kernels,
     and no other pass of bench.paths' tables (S1-S10, O1-O16, A1-A6); the backward passes
     of S10, O14 and O5 run per step (their products split), O5's no longer on the persist
-    kernels."""
+    kernels, and so do S8's and O16's, whose grid plans have more than one group (their
+    forward passes keep them); O4 (one group) and A5 and A6 (k = 3H below SPLIT_MIN_K) keep
+    their grid plans."""
     from bench.paths import ALL
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
@@ -1103,12 +1117,22 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_
                     for backward in (False, True)
                     if isinstance(plans.choose("auto", B, H, 2 if bi else 1, f32, backward,
                                                T, I), plans.ResidentPlan)}
-        split = {sid: plans.choose("auto", B, H, 2 if bi else 1, f32, True, T, I)
-                 for sid, ((T, B, I, H, bi), _) in ALL.items() if sid in ("S10", "O14", "O5")}
+        chosen = {(sid, backward): plans.choose("auto", B, H, 2 if bi else 1, f32, backward,
+                                                T, I)
+                  for sid, ((T, B, I, H, bi), _) in ALL.items() for backward in (False, True)}
     finally:
         _plan._fast_plan.cache_clear()
     assert resident == {("S9", False), ("S10", False)}
-    assert split == dict.fromkeys(("S10", "O14", "O5"), plans.STEPS)
+    for sid in ("S10", "O14", "O5", "S8", "O16"):
+        assert chosen[sid, True] is plans.STEPS, sid
+    for sid in ("S8", "O16", "O4", "A5", "A6"):
+        grid, H = chosen[sid, False], ALL[sid][0][3]
+        assert isinstance(grid, plans.TilePlan) and grid.cluster == 0, sid
+        splits = plans.backward_split(H, 1, 4, "strict") > 1
+        assert (splits and grid.groups > plans.GRID_AUTO_SPLIT_MAX_GROUPS) == \
+            (sid in ("S8", "O16")), sid
+    for sid in ("O4", "A5", "A6"):
+        assert chosen[sid, True] == chosen[sid, False], sid
 
 
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):

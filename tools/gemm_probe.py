@@ -4,11 +4,14 @@ algorithm cuBLASLt's heuristics offer for the float32 product (with and without 
 workspace), each timed alone and run twice for its bits.
 
     python tools/gemm_probe.py [ids] [--algos N] [--workspace MiB] [--reps N]
+                               [--slices S,S,...|divisors] [--products forward,backward]
 
 For each shape: the forward product (gh = W_hh @ h: m = 3H, n = B, k = H) and the backward
 one (dh += W_hh' @ dgh: m = H, n = B, k = 3H), batched over the directions, with the
 pass's leading dimensions. Times in µs a product on the GPU (the median of rounds of a CUDA
-graph of back-to-back products, as the pass replays its steps). GPU needed.
+graph of back-to-back products, as the pass replays its steps). The split rows try k in
+S slices for each S of --slices that divides k into slices of at least 32 terms
+("divisors": every such S up to 48). GPU needed.
 """
 import argparse
 import ctypes
@@ -114,12 +117,20 @@ def main(argv=None):
     ap.add_argument("--algos", type=int, default=24)
     ap.add_argument("--workspace", type=int, default=32, help="MiB for the workspace row")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--slices", default="2,3,4,6,8,12,16,24",
+                    help="the split rows' slice counts, or 'divisors' (every one up to 48)")
+    ap.add_argument("--products", default="forward,backward",
+                    help="which per-step products to time")
     args = ap.parse_args(argv)
+    slices = range(2, 49) if args.slices == "divisors" else \
+        [int(v) for v in args.slices.split(",") if v]
+    wanted = {v for v in args.products.split(",") if v}
+    if not wanted <= {"forward", "backward"}:
+        ap.error(f"--products names forward and/or backward, got {args.products!r}")
     import cupy as cp
     from cupy_backends.cuda.libs import cublas
 
-    from bench.offtable import OFF_TABLE
-    from bench.shapes import SHAPES
+    from bench.paths import ALL
     from cugru import _cublaslt, _device
     handle = cp.cuda.device.get_cublas_handle()
     with open("/proc/self/maps") as maps:
@@ -139,9 +150,11 @@ def main(argv=None):
           "same bits twice |")
     print("|---|---|---|---|---|---|---|")
     for sid in args.ids:
-        shape = SHAPES[sid] if sid in SHAPES else OFF_TABLE[sid][0]
+        shape = ALL[sid][0]
         for (name, ta, tb, m, n, k, lda, sA, ldb, sB, ldc, sC, batch, na, nb, nc, beta) \
                 in products(*shape):
+            if name not in wanted:
+                continue
             dims = f"{m}, {n}, {k}, {batch}"
             for dt, fn in ((np.float32, blas.sgemm_sb), (np.float64, blas.dgemm_sb)):
                 A, Bm = (cp.asarray(rng.uniform(-1, 1, s).astype(dt)) for s in (na, nb))
@@ -157,7 +170,8 @@ def main(argv=None):
                 if dt == np.float32:
                     A32, B32, C32, ref = A, Bm, C, first
             for row in _split_k(cp, blas, handle, args.reps, A32, B32, ref,
-                                (ta, tb, m, n, k, lda, sA, ldb, sB, ldc, sC, batch), beta):
+                                (ta, tb, m, n, k, lda, sA, ldb, sB, ldc, sC, batch), beta,
+                                slices):
                 print(f"| {sid} | {name} | {dims} | " + " | ".join(row) + " |")
             for wbytes in (0, args.workspace << 20):
                 for algo, conf in _algos(lt_lib, get, lt_handle, (ta, tb, m, n, k, lda, sA, ldb,
@@ -192,7 +206,7 @@ extern "C" __global__ void reduce_parts(const float* parts, float* c, int S, int
 """
 
 
-def _split_k(cp, cublas, handle, reps, A, B, ref, key, beta):
+def _split_k(cp, cublas, handle, reps, A, B, ref, key, beta, slices):
     """Split k by hand into S slices: the slices' products (one strided batched call per
     direction, S slices a call; and one pointer-array call of batch * S), into partial
     sums, then a kernel adding the S partial sums in order (the product's beta kept)."""
@@ -201,7 +215,7 @@ def _split_k(cp, cublas, handle, reps, A, B, ref, key, beta):
     rows = []
     one, zero, fbeta = np.ones(1, np.float32), np.zeros(1, np.float32), np.float32(beta)
     C = cp.zeros(batch * sC + m * n, np.float32)
-    for S in (2, 3, 4, 6, 8, 12, 16, 24):
+    for S in slices:
         if k % S or k // S < 32:
             continue
         ks = k // S
