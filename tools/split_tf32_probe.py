@@ -10,7 +10,8 @@ with TF32 inputs and float32 sums (torch.matmul with TF32 allowed: cuBLAS' kerne
 chunks' results added in float32. For each train-step GEMM of a shape of bench.paths' table
 (the input projection, dx, dW_ih, dW_hh: their m, n, k): device µs of the float32 product
 and of the three products (the split left out: it is a pass over the operands' memory,
-timed apart by a split kernel), and each one's error against float64: the largest
+timed apart: the two launches of a split kernel issued from Python, so on small operands
+the host's pace), and each one's error against float64: the largest
 |error| over the largest |result|, and the root mean square error over the result's.
 GPU and torch needed.
 """
@@ -98,10 +99,12 @@ def main(argv=None):
             b = torch.randn(k, n, device="cuda", generator=gen) / math.sqrt(H)
             ref = a.double() @ b.double()
             (a_hi, a_lo), (b_hi, b_lo) = split(a), split(b)
+            done = set()
             for chunk in args.chunks.split(","):
                 c = k if chunk == "full" else int(chunk)
-                if c > k or k % c:
+                if c > k or k % c or c in done:
                     continue
+                done.add(c)
                 s = k // c
 
                 def per_chunk(t, rows):        # (s, rows, c) views of an operand (rows, k)
