@@ -52,13 +52,14 @@ def probe_args(doc, default_ids, argv, extra=()):
     return args
 
 
-def probe_problems(ids, repeat):
+def probe_problems(ids, repeat, dtype=np.float32):
     """For each shape id, (id, (T, B, I, H, bidirectional, D), the problem's cupy arrays by
-    name, the four weights in gru_forward's order, timed calls per measurement)."""
+    name (of `dtype`), the four weights in gru_forward's order, timed calls per
+    measurement)."""
     import cupy as cp
     for sid in ids:
         (T, B, I, H, bi), _ = ALL[sid]
-        a = {k: cp.asarray(v) for k, v in make_problem(T, B, I, H, bi).items()
+        a = {k: cp.asarray(v) for k, v in make_problem(T, B, I, H, bi, dtype=dtype).items()
              if isinstance(v, np.ndarray)}
         yield (sid, (T, B, I, H, bi, 2 if bi else 1), a,
                (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"]), timing.repeats_for(T, repeat))

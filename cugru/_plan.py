@@ -84,6 +84,20 @@ GRID_AUTO_MAX_WAVES = 2
 #: 13.0 against 14.7, O16 (2 groups) 14.6 against 21.0; with one group the grid plan won:
 #: O4 (B = 1) 5.2 against 5.8 (and A5, whose product does not split, 5.6 against 8.3)
 GRID_AUTO_SPLIT_MAX_GROUPS = 1
+#: path="auto" takes a tile plan for float64 data only where its groups run in at most
+#: F64_GRID_AUTO_MAX_WAVES waves at grid scope, F64_TILE_AUTO_MAX_WAVES at block and cluster
+#: scope, in a pass of more than one step (f64_tile_auto_takes): float64 products on the
+#: per-step path run on the chip's float64 tensor cores, the tile kernels' on its FMA units.
+#: Measured on an H200 (tools/resident_ab.py --dtype float64, µs a step, per step against
+#: the tile plan, forward / backward): two waves of grid groups lost, S3 6.7 / 8.4 against
+#: 8.4 / 10.8, S5 6.9 / 9.7 against 8.6 / 10.7, O1 6.1 / 8.4 against 8.1 / 9.7, A1 5.8 /
+#: 7.7 against 8.2 / 9.8, O2 7.8 / 11.7 against 8.5 / 10.5 (its backward alone won), one
+#: wave won (A2 6.2 / 8.7 against 4.2 / 5.2, A5, S4's backward), and so did O9 (T = 1: one
+#: step) in two, 173 / 94 against 135 / 68; five waves of clusters of 4 lost (O7, O13:
+#: 7.8 against 11.3 forward), two won (S4's forward 6.1 against 4.1, O8's blocks 10.4
+#: against 9.1)
+F64_GRID_AUTO_MAX_WAVES = 1
+F64_TILE_AUTO_MAX_WAVES = 2
 #: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
 #: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
 #: for nothing), and only on the splits of RESIDENT_AUTO_SPLITS. Measured on an H200
@@ -1074,15 +1088,29 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
                              "use path='auto'")
         return SMALL
     mma = mma_applies(math, cat.CTYPE.get(dtype.itemsize), qat, lengths)
-    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma, math)
+    one_step = T == 1
+    key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma, math,
+           one_step)
     plan = _CHOSEN.get(key)
     if plan is None:
-        plan = _chosen(path, B, H, D, dtype, backward, qat, lengths, math)
+        plan = _chosen(path, B, H, D, dtype, backward, qat, lengths, math, one_step)
         _CHOSEN[key] = plan
     return plan
 
 
-def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
+def f64_tile_auto_takes(plan, D, dtype, qat=False, lengths=False, one_step=False) -> bool:
+    """Whether path="auto" may run the tile plan `plan` (from fast_plan) of D directions for
+    data of `dtype`: any plan but a float64 tile plan whose groups run in more waves
+    (waves, groups_at_once) than F64_GRID_AUTO_MAX_WAVES at grid scope or
+    F64_TILE_AUTO_MAX_WAVES at block and cluster scope, in a pass of more than one step."""
+    if not isinstance(plan, TilePlan) or np.dtype(dtype).itemsize != 8 or one_step:
+        return True
+    at_once = groups_at_once(plan, dtype, dev.device().id, qat, lengths)
+    most = F64_TILE_AUTO_MAX_WAVES if plan.cluster else F64_GRID_AUTO_MAX_WAVES
+    return waves(plan, D, at_once) <= most
+
+
+def _chosen(path, B, H, D, dtype, backward, qat, lengths, math, one_step=False):
     if path == "resident":
         plan = resident_plan(B, H, D, dtype, qat, lengths, math)
         if plan is None:
@@ -1103,7 +1131,8 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math):
     split = backward_split(H, D, dtype.itemsize, math) if backward else 1
     if split > 1 and not dev.has_batched_pointers():
         split = 1           # (the per-step pass then runs one product a step)
-    if path == "fast" or auto_takes(fast, B, H, D, backward, split):
+    if path == "fast" or (auto_takes(fast, B, H, D, backward, split)
+                          and f64_tile_auto_takes(fast, D, dtype, qat, lengths, one_step)):
         return fast
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)
     if plan is not None and resident_auto_takes(plan, B, H, D, backward):

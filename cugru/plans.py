@@ -21,13 +21,15 @@ from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA
 from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noqa: F401
                        PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
                        mma_warps, resident_smem, tile_has, tile_runs_on)
-from ._plan import (GRID_AUTO_MAX_WAVES, GRID_AUTO_SPLIT_MAX_GROUPS,  # noqa: F401
+from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_TILE_AUTO_MAX_WAVES,  # noqa: F401
+                    GRID_AUTO_MAX_WAVES,
+                    GRID_AUTO_SPLIT_MAX_GROUPS,
                     PERSIST_AUTO_MAX_WORK, PERSIST_AUTO_MIN_ROWS,
                     RESIDENT_AUTO_MAX_EMPTY, RESIDENT_AUTO_SPLITS, SMALL,
                     SMALL_AUTO_MAX_CHAIN, SMALL_MAX_UNITS, SPLIT_MAX_SLICES, SPLIT_MIN_K,
                     SPLIT_SLICE, STEPS,
                     PersistPlan, ResidentPlan, SmallPlan, StepsPlan, TilePlan, auto_takes,
-                    backward_split, choose, fast_plan,
+                    backward_split, choose, f64_tile_auto_takes, fast_plan,
                     groups_at_once, persist_cost, persist_split, resident, resident_applies,
                     resident_auto_takes, resident_empty, resident_plan, resident_split,
                     resident_splits,
@@ -37,7 +39,9 @@ from ._plan import (GRID_AUTO_MAX_WAVES, GRID_AUTO_SPLIT_MAX_GROUPS,  # noqa: F4
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
            "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
-           "GRID_AUTO_MAX_WAVES", "GRID_AUTO_SPLIT_MAX_GROUPS", "PERSIST_AUTO_MAX_WORK",
+           "GRID_AUTO_MAX_WAVES", "GRID_AUTO_SPLIT_MAX_GROUPS", "F64_GRID_AUTO_MAX_WAVES",
+           "F64_TILE_AUTO_MAX_WAVES",
+           "f64_tile_auto_takes", "PERSIST_AUTO_MAX_WORK",
            "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",
            "small_chain", "small_takes", "StepsPlan", "SPLIT_MIN_K", "SPLIT_SLICE",

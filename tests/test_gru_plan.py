@@ -1135,6 +1135,45 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_
         assert chosen[sid, True] == chosen[sid, False], sid
 
 
+def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
+    """On an H200 stand-in, float64: path="auto" runs a pass per step where fast_plan's
+    grid plan needs more than F64_GRID_AUTO_MAX_WAVES waves of groups (S3, S5, O1, A1, O2:
+    both passes) or its cluster plan more than F64_TILE_AUTO_MAX_WAVES (O7's and O13's
+    forward pass), in a pass of more than one step; O9's shape keeps its grid plan at T = 1
+    and not at T = 2; no other pass of bench.paths' tables moves, and no float32 pass."""
+    from bench.paths import ALL
+    from cugru import _plan
+    monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
+    monkeypatch.setattr(_plan, "_persist_resident_blocks", lambda *a: 1)
+    monkeypatch.setattr(_device, "device", lambda: types.SimpleNamespace(
+        cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
+
+    def every_choice(limits):
+        monkeypatch.setattr(_plan, "_CHOSEN", {})
+        monkeypatch.setattr(_plan, "F64_GRID_AUTO_MAX_WAVES", limits[0])
+        monkeypatch.setattr(_plan, "F64_TILE_AUTO_MAX_WAVES", limits[1])
+        _plan._fast_plan.cache_clear()
+        got = {(sid, dtype.char, backward): plans.choose("auto", B, H, 2 if bi else 1, dtype,
+                                                         backward, T, I)
+               for dtype in (np.dtype(np.float32), np.dtype(np.float64))
+               for sid, ((T, B, I, H, bi), _) in ALL.items() for backward in (False, True)}
+        o9 = [plans.choose("auto", 64, 256, 1, np.dtype(np.float64), False, T, 128)
+              for T in (1, 2)]
+        return got, o9
+    try:
+        without, _ = every_choice((10 ** 9, 10 ** 9))
+        rule = (plans.F64_GRID_AUTO_MAX_WAVES, plans.F64_TILE_AUTO_MAX_WAVES)
+        assert rule == (1, 2)
+        got, o9 = every_choice(rule)
+    finally:
+        _plan._fast_plan.cache_clear()
+    moved = {k for k in got if got[k] != without[k]}
+    assert all(isinstance(without[k], plans.TilePlan) and got[k] is plans.STEPS for k in moved)
+    assert moved == {(sid, "d", b) for sid in ("S3", "S5", "O1", "A1", "O2")
+                     for b in (False, True)} | {("O7", "d", False), ("O13", "d", False)}
+    assert isinstance(o9[0], plans.TilePlan) and o9[1] is plans.STEPS
+
+
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):
     """path="auto" takes the resident kernels for a pass that would run per step (float32
     or half data computing in float32, math="strict", no quant, no lengths, a split that

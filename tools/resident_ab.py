@@ -1,11 +1,12 @@
 """Every split of the resident kernels that fits a shape, timed against the per-step path's
 passes: whether resident_split picks the fastest split, and what a step costs.
 
-    python tools/resident_ab.py [ids ...] [--repeat N]     (GPU needed)
+    python tools/resident_ab.py [ids ...] [--repeat N] [--dtype float32|float64]  (GPU needed)
 
 For each shape of bench.paths' table (default: those where a resident split fits on an
 H200: the per-step path's forward shapes S9, S10, O5, O14, O16, and the tile plans' S8 and
-O3), float32 strict: the forward pass with its history (train) and without (inference),
+O3), float32 strict (or float64, where no resident split runs: the per-step path against
+fast_plan's split alone): the forward pass with its history (train) and without (inference),
 and the backward pass's recurrence (plans.backward_recurrence: the gate gradients and dh0,
 without the tail every plan shares), on each split of plans.RESIDENT_SPLITS whose blocks
 fit the GPU's SMs and shared memory, on the per-step path and on fast_plan's split (where
@@ -29,7 +30,11 @@ CHECK_TOL = 1e-4
 
 def main(argv=None):
     from bench.paths import probe_args, probe_problems
-    args = probe_args(__doc__, DEFAULT_IDS, argv)
+    args = probe_args(__doc__, DEFAULT_IDS, argv,
+                      [("--dtype", str, "float32", "float32, or float64 (no resident split)")])
+    if args.dtype not in ("float32", "float64"):
+        raise SystemExit(f"--dtype must be float32 or float64, got {args.dtype!r}")
+    dtype = np.dtype(args.dtype)
     from bench import timing
     timing.require_gpu()
     import cupy as cp
@@ -44,9 +49,10 @@ def main(argv=None):
           "µs a step | backward recurrence (ms) | µs a step | y, dh0 against steps | picked |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     failed = 0
-    for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat):
-        splits = plans.resident_splits(B, H, D, sms, smem)
-        picked = plans.resident_split(B, H, D, sms, smem)
+    for sid, (T, B, I, H, bi, D), a, w, n in probe_problems(args.ids, args.repeat, dtype):
+        resident = plans.resident_applies(dtype)
+        splits = plans.resident_splits(B, H, D, sms, smem) if resident else []
+        picked = plans.resident_split(B, H, D, sms, smem) if resident else None
         x, h0 = a["x"], a["h0"]
 
         def calls(plan):
@@ -56,8 +62,8 @@ def main(argv=None):
         saved = plans.forward(x, h0, *w, plans.STEPS, bidirectional=bi)[2]
         ref = plans.forward(x, h0, *w, plans.STEPS, bidirectional=bi, training=False)[0]
         ref_dh0 = plans.backward_recurrence(dy, dh_n, saved, plans.STEPS)[1].copy()
-        fast = plans.fast_plan(B, H, D, np.float32)
-        fast_back = plans.fast_plan(B, H, D, np.float32, backward=True)
+        fast = plans.fast_plan(B, H, D, dtype)
+        fast_back = plans.fast_plan(B, H, D, dtype, backward=True)
         ours = [(plans.STEPS, plans.STEPS)] + ([(fast, fast_back)] if fast is not None else []) \
             + [(p, p) for p in splits]
         fns, errs = {}, {}
