@@ -85,8 +85,8 @@ GRID_AUTO_MAX_WAVES = 2
 #: O4 (B = 1) 5.2 against 5.8 (and A5, whose product does not split, 5.6 against 8.3)
 GRID_AUTO_SPLIT_MAX_GROUPS = 1
 #: path="auto" takes a tile plan for float64 data only where its groups run in at most
-#: F64_GRID_AUTO_MAX_WAVES waves at grid scope, F64_TILE_AUTO_MAX_WAVES at block and cluster
-#: scope, in a pass of more than one step (f64_tile_auto_takes): float64 products on the
+#: F64_GRID_AUTO_MAX_WAVES waves at grid scope, F64_TILE_AUTO_MAX_WAVES at cluster scope
+#: (block scope: any), in a pass of more than one step (f64_tile_auto_takes): float64 products on the
 #: per-step path run on the chip's float64 tensor cores, the tile kernels' on its FMA units.
 #: Measured on an H200 (tools/resident_ab.py --dtype float64, µs a step, per step against
 #: the tile plan, forward / backward): two waves of grid groups lost, S3 6.7 / 8.4 against
@@ -94,8 +94,9 @@ GRID_AUTO_SPLIT_MAX_GROUPS = 1
 #: 7.7 against 8.2 / 9.8, O2 7.8 / 11.7 against 8.5 / 10.5 (its backward alone won), one
 #: wave won (A2 6.2 / 8.7 against 4.2 / 5.2, A5, S4's backward), and so did O9 (T = 1: one
 #: step) in two, 173 / 94 against 135 / 68; five waves of clusters of 4 lost (O7, O13:
-#: 7.8 against 11.3 forward), two won (S4's forward 6.1 against 4.1, O8's blocks 10.4
-#: against 9.1)
+#: 7.8 against 11.3 forward), two won (S4's forward 6.1 against 4.1); O8's blocks won
+#: (10.4 against 9.1 forward) in more than two waves on the GPU (bench.paths: inference
+#: 0.293 ms against 0.334 per step)
 F64_GRID_AUTO_MAX_WAVES = 1
 F64_TILE_AUTO_MAX_WAVES = 2
 #: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
@@ -1102,8 +1103,9 @@ def f64_tile_auto_takes(plan, D, dtype, qat=False, lengths=False, one_step=False
     """Whether path="auto" may run the tile plan `plan` (from fast_plan) of D directions for
     data of `dtype`: any plan but a float64 tile plan whose groups run in more waves
     (waves, groups_at_once) than F64_GRID_AUTO_MAX_WAVES at grid scope or
-    F64_TILE_AUTO_MAX_WAVES at block and cluster scope, in a pass of more than one step."""
-    if not isinstance(plan, TilePlan) or np.dtype(dtype).itemsize != 8 or one_step:
+    F64_TILE_AUTO_MAX_WAVES at cluster scope, in a pass of more than one step."""
+    if not isinstance(plan, TilePlan) or np.dtype(dtype).itemsize != 8 or one_step \
+            or plan.cluster == 1:
         return True
     at_once = groups_at_once(plan, dtype, dev.device().id, qat, lengths)
     most = F64_TILE_AUTO_MAX_WAVES if plan.cluster else F64_GRID_AUTO_MAX_WAVES

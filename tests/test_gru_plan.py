@@ -1140,7 +1140,8 @@ def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
     grid plan needs more than F64_GRID_AUTO_MAX_WAVES waves of groups (S3, S5, O1, A1, O2:
     both passes) or its cluster plan more than F64_TILE_AUTO_MAX_WAVES (O7's and O13's
     forward pass), in a pass of more than one step; O9's shape keeps its grid plan at T = 1
-    and not at T = 2; no other pass of bench.paths' tables moves, and no float32 pass."""
+    and not at T = 2; no other pass of bench.paths' tables moves, and no float32 pass. Block
+    plans stay whatever their waves (O8's, here in three)."""
     from bench.paths import ALL
     from cugru import _plan
     monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
@@ -1172,6 +1173,10 @@ def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
     assert moved == {(sid, "d", b) for sid in ("S3", "S5", "O1", "A1", "O2")
                      for b in (False, True)} | {("O7", "d", False), ("O13", "d", False)}
     assert isinstance(o9[0], plans.TilePlan) and o9[1] is plans.STEPS
+    o8 = got["O8", "d", False]
+    assert o8.cluster == 1 and plans.waves(o8, 2, 128) == 4
+    monkeypatch.setattr(_plan, "groups_at_once", lambda *a, **k: 128)
+    assert plans.f64_tile_auto_takes(o8, 2, np.float64)
 
 
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):
