@@ -79,15 +79,17 @@ SPLIT_MAX_SLICES = 24
 GRID_AUTO_MAX_WAVES = 2
 #: a backward pass whose per-step product splits (backward_split) runs per step rather than
 #: on a grid-scope tile plan of more than this many groups a direction. Measured on an H200
-#: (tools/resident_ab.py, the backward recurrence, µs a step, per step with the product in
-#: slices of about 256 terms, S8's 6 and O16's 12, against the grid plan): S8 (8 groups)
-#: 13.0 against 14.7, O16 (2 groups) 14.6 against 21.0; with one group the grid plan won:
-#: O4 (B = 1) 5.2 against 5.8 (and A5, whose product does not split, 5.6 against 8.3)
+#: (tools/resident_ab.py, the backward recurrence, µs a step, per step with the product
+#: split against the grid plan): S8 (8 groups) 11.2 against 14.7, O16 (2 groups) 14.2
+#: against 21.0 (with the earlier slices of about 256: 13.0, 14.6); with one group the
+#: grid plan won: O4 (B = 1) 5.2 against 5.8 at slices of 256 (and A5, whose product does
+#: not split, 5.6 against 8.3)
 GRID_AUTO_SPLIT_MAX_GROUPS = 1
 #: path="auto" takes a tile plan for float64 data only where its groups run in at most
-#: F64_GRID_AUTO_MAX_WAVES waves at grid scope, F64_TILE_AUTO_MAX_WAVES at cluster scope
-#: (block scope: any), in a pass of more than one step (f64_tile_auto_takes): float64 products on the
-#: per-step path run on the chip's float64 tensor cores, the tile kernels' on its FMA units.
+#: F64_GRID_AUTO_MAX_WAVES waves at grid scope, F64_CLUSTER_AUTO_MAX_WAVES at cluster
+#: scope (block scope: any), in a pass of more than one step (f64_tile_auto_takes):
+#: float64 products on the per-step path run on the chip's float64 tensor cores, the tile
+#: kernels' on its FMA units.
 #: Measured on an H200 (tools/resident_ab.py --dtype float64, µs a step, per step against
 #: the tile plan, forward / backward): two waves of grid groups lost, S3 6.7 / 8.4 against
 #: 8.4 / 10.8, S5 6.9 / 9.7 against 8.6 / 10.7, O1 6.1 / 8.4 against 8.1 / 9.7, A1 5.8 /
@@ -98,7 +100,7 @@ GRID_AUTO_SPLIT_MAX_GROUPS = 1
 #: (10.4 against 9.1 forward) in more than two waves on the GPU (bench.paths: inference
 #: 0.293 ms against 0.334 per step)
 F64_GRID_AUTO_MAX_WAVES = 1
-F64_TILE_AUTO_MAX_WAVES = 2
+F64_CLUSTER_AUTO_MAX_WAVES = 2
 #: path="auto" takes the resident kernel for a forward pass it would otherwise run per step
 #: where at most this share of its blocks' batch rows lies beyond B (rows a block computes
 #: for nothing), and only on the splits of RESIDENT_AUTO_SPLITS. Measured on an H200
@@ -1059,7 +1061,11 @@ def _fast_plan(B, H, D, dtype, device_id, backward=False, qat=False, lengths=Fal
 def auto_takes(plan, B, H, D=1, backward=False, split=1):
     """Whether path="auto" runs `plan` (from fast_plan) rather than the per-step path, for
     the forward pass (or with `backward` the backward pass) of D directions; `split`: the
-    slices the per-step backward product would run in (backward_split)."""
+    slices the per-step backward product would run in (backward_split). A persist plan for
+    a backward pass alone (PERSIST_AUTO_*) whose product does not split; a tile plan at
+    block or cluster scope, or at grid scope in up to GRID_AUTO_MAX_WAVES waves, but not for
+    a backward pass whose product splits on more than GRID_AUTO_SPLIT_MAX_GROUPS groups.
+    (Float64 data has its own limit beside this one: f64_tile_auto_takes.)"""
     if plan is None:
         return False
     if isinstance(plan, PersistPlan):
@@ -1078,10 +1084,11 @@ _CHOSEN: dict = {}
 def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=False,
            math="strict"):
     """The plan a call runs (a checked `path`): SMALL, STEPS, a persistent plan or a
-    ResidentPlan. Without T and I (the sequence length and input size),
-    path="auto" leaves the small path out. `qat`: for a quantization-aware pass
-    (cugru.QuantSpec); `lengths`: for one with variable lengths; `math`: the pass's (a
-    checked math: fast_plan's)."""
+    ResidentPlan. Without T and I (the sequence length and input size), path="auto"
+    leaves the small path out and plans the pass as one of more than one step (where
+    f64_tile_auto_takes limits float64 tile plans' waves; at T = 1 it does not). `qat`: for
+    a quantization-aware pass (cugru.QuantSpec); `lengths`: for one with variable lengths;
+    `math`: the pass's (a checked math: fast_plan's)."""
     if path == "small" or (path == "auto" and T and small_takes(T, B, I, H, D, backward)):
         if not SMALL.fits(B, H, D):
             raise ValueError(f"path='small': D*B*H = {D * B * H} units (B = {B}, H = {H}, "
@@ -1103,12 +1110,12 @@ def f64_tile_auto_takes(plan, D, dtype, qat=False, lengths=False, one_step=False
     """Whether path="auto" may run the tile plan `plan` (from fast_plan) of D directions for
     data of `dtype`: any plan but a float64 tile plan whose groups run in more waves
     (waves, groups_at_once) than F64_GRID_AUTO_MAX_WAVES at grid scope or
-    F64_TILE_AUTO_MAX_WAVES at cluster scope, in a pass of more than one step."""
+    F64_CLUSTER_AUTO_MAX_WAVES at cluster scope, in a pass of more than one step."""
     if not isinstance(plan, TilePlan) or np.dtype(dtype).itemsize != 8 or one_step \
             or plan.cluster == 1:
         return True
     at_once = groups_at_once(plan, dtype, dev.device().id, qat, lengths)
-    most = F64_TILE_AUTO_MAX_WAVES if plan.cluster else F64_GRID_AUTO_MAX_WAVES
+    most = F64_CLUSTER_AUTO_MAX_WAVES if plan.cluster else F64_GRID_AUTO_MAX_WAVES
     return waves(plan, D, at_once) <= most
 
 

@@ -21,7 +21,7 @@ from ._device import clear_graphs  # noqa: F401  (drops the per-step path's CUDA
 from ._catalog import (CLUSTERS, FOUR_ROW_TILES, MMA_TILES, PERSIST_ROWS,  # noqa: F401
                        PERSIST_THREADS, RESIDENT_SPLITS, RESIDENT_THREADS, TILE_AHEAD, TILES,
                        mma_warps, resident_smem, tile_has, tile_runs_on)
-from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_TILE_AUTO_MAX_WAVES,  # noqa: F401
+from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_CLUSTER_AUTO_MAX_WAVES,  # noqa: F401
                     GRID_AUTO_MAX_WAVES,
                     GRID_AUTO_SPLIT_MAX_GROUPS,
                     PERSIST_AUTO_MAX_WORK, PERSIST_AUTO_MIN_ROWS,
@@ -40,7 +40,7 @@ from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_TILE_AUTO_MAX_WAVES,  # noqa: F
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
            "PERSIST_THREADS", "TILE_AHEAD", "TILES", "tile_runs_on", "tile_has",
            "GRID_AUTO_MAX_WAVES", "GRID_AUTO_SPLIT_MAX_GROUPS", "F64_GRID_AUTO_MAX_WAVES",
-           "F64_TILE_AUTO_MAX_WAVES",
+           "F64_CLUSTER_AUTO_MAX_WAVES",
            "f64_tile_auto_takes", "PERSIST_AUTO_MAX_WORK",
            "PERSIST_AUTO_MIN_ROWS", "SMALL",
            "SMALL_AUTO_MAX_CHAIN", "SMALL_MAX_UNITS", "STEPS", "PersistPlan", "SmallPlan",

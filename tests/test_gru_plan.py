@@ -1132,16 +1132,17 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_
         assert (splits and grid.groups > plans.GRID_AUTO_SPLIT_MAX_GROUPS) == \
             (sid in ("S8", "O16")), sid
     for sid in ("O4", "A5", "A6"):
-        assert chosen[sid, True] == chosen[sid, False], sid
+        back = chosen[sid, True]
+        assert isinstance(back, plans.TilePlan) and back.cluster == 0, sid
 
 
 def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
     """On an H200 stand-in, float64: path="auto" runs a pass per step where fast_plan's
     grid plan needs more than F64_GRID_AUTO_MAX_WAVES waves of groups (S3, S5, O1, A1, O2:
-    both passes) or its cluster plan more than F64_TILE_AUTO_MAX_WAVES (O7's and O13's
+    both passes) or its cluster plan more than F64_CLUSTER_AUTO_MAX_WAVES (O7's and O13's
     forward pass), in a pass of more than one step; O9's shape keeps its grid plan at T = 1
     and not at T = 2; no other pass of bench.paths' tables moves, and no float32 pass. Block
-    plans stay whatever their waves (O8's, here in three)."""
+    plans stay under any limit (O8's: two waves here)."""
     from bench.paths import ALL
     from cugru import _plan
     monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
@@ -1152,7 +1153,7 @@ def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
     def every_choice(limits):
         monkeypatch.setattr(_plan, "_CHOSEN", {})
         monkeypatch.setattr(_plan, "F64_GRID_AUTO_MAX_WAVES", limits[0])
-        monkeypatch.setattr(_plan, "F64_TILE_AUTO_MAX_WAVES", limits[1])
+        monkeypatch.setattr(_plan, "F64_CLUSTER_AUTO_MAX_WAVES", limits[1])
         _plan._fast_plan.cache_clear()
         got = {(sid, dtype.char, backward): plans.choose("auto", B, H, 2 if bi else 1, dtype,
                                                          backward, T, I)
@@ -1163,7 +1164,7 @@ def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
         return got, o9
     try:
         without, _ = every_choice((10 ** 9, 10 ** 9))
-        rule = (plans.F64_GRID_AUTO_MAX_WAVES, plans.F64_TILE_AUTO_MAX_WAVES)
+        rule = (plans.F64_GRID_AUTO_MAX_WAVES, plans.F64_CLUSTER_AUTO_MAX_WAVES)
         assert rule == (1, 2)
         got, o9 = every_choice(rule)
     finally:
@@ -1173,10 +1174,16 @@ def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
     assert moved == {(sid, "d", b) for sid in ("S3", "S5", "O1", "A1", "O2")
                      for b in (False, True)} | {("O7", "d", False), ("O13", "d", False)}
     assert isinstance(o9[0], plans.TilePlan) and o9[1] is plans.STEPS
+    # with every limit at one wave, S4's float64 cluster plan (two waves) moves, and O8's
+    # block plan (two waves too) stays
+    try:
+        tight, _ = every_choice((1, 1))
+    finally:
+        _plan._fast_plan.cache_clear()
     o8 = got["O8", "d", False]
-    assert o8.cluster == 1 and plans.waves(o8, 2, 128) == 4
-    monkeypatch.setattr(_plan, "groups_at_once", lambda *a, **k: 128)
-    assert plans.f64_tile_auto_takes(o8, 2, np.float64)
+    assert o8.cluster == 1 and plans.waves(o8, 2, _h200_at_once()(o8, None, 0)) == 2
+    assert tight["O8", "d", False] == o8
+    assert without["S4", "d", False].cluster > 1 and tight["S4", "d", False] is plans.STEPS
 
 
 def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(monkeypatch):

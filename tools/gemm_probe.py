@@ -122,8 +122,13 @@ def main(argv=None):
     ap.add_argument("--products", default="forward,backward",
                     help="which per-step products to time")
     args = ap.parse_args(argv)
-    slices = range(2, 49) if args.slices == "divisors" else \
-        [int(v) for v in args.slices.split(",") if v]
+    try:
+        slices = range(2, 49) if args.slices == "divisors" else \
+            [int(v) for v in args.slices.split(",") if v]
+    except ValueError:
+        ap.error(f"--slices takes slice counts or 'divisors', got {args.slices!r}")
+    if not slices or min(slices) < 2:
+        ap.error(f"--slices takes counts of 2 or more, got {args.slices!r}")
     wanted = {v for v in args.products.split(",") if v}
     if not wanted <= {"forward", "backward"}:
         ap.error(f"--products names forward and/or backward, got {args.products!r}")

@@ -31,10 +31,11 @@ CHECK_TOL = 1e-4
 def main(argv=None):
     from bench.paths import probe_args, probe_problems
     args = probe_args(__doc__, DEFAULT_IDS, argv,
-                      [("--dtype", str, "float32", "float32, or float64 (no resident split)")])
-    if args.dtype not in ("float32", "float64"):
-        raise SystemExit(f"--dtype must be float32 or float64, got {args.dtype!r}")
-    dtype = np.dtype(args.dtype)
+                      [("--dtype", np.dtype, "float32",
+                        "float32, or float64 (no resident split)")])
+    dtype = args.dtype
+    if dtype not in (np.float32, np.float64):
+        raise SystemExit(f"--dtype must be float32 or float64, got {dtype}")
     from bench import timing
     timing.require_gpu()
     import cupy as cp

@@ -9,10 +9,11 @@ with TF32 inputs and float32 sums (torch.matmul with TF32 allowed: cuBLAS' kerne
 --chunks c the sum over k runs in chunks of c terms (a batched product per term), the
 chunks' results added in float32. For each train-step GEMM of a shape of bench.paths' table
 (the input projection, dx, dW_ih, dW_hh: their m, n, k): device µs of the float32 product
-and of the three products (the split left out: it is a pass over the operands' memory,
-timed apart: the two launches of a split kernel issued from Python, so on small operands
-the host's pace), and each one's error against float64: the largest
-|error| over the largest |result|, and the root mean square error over the result's.
+over the same chunks (in one call where the chunk is k) and of the three products (the
+split left out: it is a pass over the operands' memory, timed apart: the two launches of
+a split kernel issued from Python, so on small operands the host's pace), and each one's
+error against float64: the largest |error| over the largest |result|, and the root mean
+square error over the result's.
 GPU and torch needed.
 """
 import argparse
@@ -89,7 +90,9 @@ def main(argv=None):
         return hi, lo
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    print("| id | product | m, n, k | chunk | float32 (µs) | 3xTF32 (µs) | split (µs) | "
+    allowed = torch.backends.cuda.matmul.allow_tf32     # (restored after each row)
+    print("| id | product | m, n, k | chunk | float32, the same chunks (µs) | 3xTF32 (µs) | "
+          "split (µs) | "
           "float32 error: max, rms | 3xTF32 error: max, rms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for sid in args.ids:
@@ -128,7 +131,7 @@ def main(argv=None):
                 e32, e3 = errors(strict(), ref), errors(three(), ref)
                 t32, t3 = device_us(torch, strict, args.reps), device_us(torch, three, args.reps)
                 ts = device_us(torch, lambda: (split(a), split(b)), args.reps)
-                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = allowed
                 print(f"| {sid} | {name} | {m}, {n}, {k} | {c} | {t32:.1f} | {t3:.1f} | "
                       f"{ts:.1f} | {e32[0]:.1e}, {e32[1]:.1e} | {e3[0]:.1e}, {e3[1]:.1e} |",
                       flush=True)
