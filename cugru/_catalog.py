@@ -147,14 +147,27 @@ def _defines(source):
 # --------------------------------------------------------------------------- instance names
 # (qat: the quantization-aware instance, cugru.QuantSpec; its own module, compiled on the
 # first quantization-aware call)
+# (wide: the instance whose products run in float64, float data alone; cugru._plan's
+# wide_products)
 @functools.lru_cache(maxsize=None)
-def step_forward(ctype, train, qat=False):
-    return f"gru_forward_step<{ctype},{_BOOL[bool(train)]},{_BOOL[bool(qat)]}>"
+def step_forward(ctype, train, qat=False, wide=False):
+    return (f"gru_forward_step<{ctype},{_BOOL[bool(train)]},{_BOOL[bool(qat)]},"
+            f"{'double' if wide else ctype}>")
 
 
 @functools.lru_cache(maxsize=None)
-def step_backward(ctype, qat=False):
-    return f"gru_backward_step<{ctype},{_BOOL[bool(qat)]}>"
+def step_backward(ctype, qat=False, wide=False):
+    return f"gru_backward_step<{ctype},{_BOOL[bool(qat)]},{'double' if wide else ctype}>"
+
+
+def step_convert(from_ctype, to_ctype):
+    """The per-step path's conversion of an array of `from_ctype` to `to_ctype` (the wide
+    products' float <-> double)."""
+    return f"gru_steps_convert<{from_ctype},{to_ctype}>"
+
+
+#: the module (group) of the wide products' instances
+WIDE_GROUP = "float-wide"
 
 
 @functools.lru_cache(maxsize=None)
@@ -393,8 +406,11 @@ def _with_qat(names):
 
 
 INSTANCES = {
-    "gru_steps.cu": lambda: _with_qat(lambda c, q: (
+    "gru_steps.cu": lambda: {**_with_qat(lambda c, q: (
         step_forward(c, False, q), step_forward(c, True, q), step_backward(c, q))),
+        WIDE_GROUP: (step_forward("float", False, wide=True),
+                     step_forward("float", True, wide=True), step_backward("float", wide=True),
+                     step_convert("float", "double"), step_convert("double", "float"))},
     "gru_persist.cu": lambda: _with_qat(lambda c, q: (
         n for r in PERSIST_ROWS[ITEMSIZE[c]]
         for n in (persist_forward(c, r, False, q), persist_forward(c, r, True, q),

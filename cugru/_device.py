@@ -659,22 +659,26 @@ class Loop:
             self._direct.check(self._direct.set_stream(self.handle, self.stream), "setStream")
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
-             math=None):
+             math=None, wide=False):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch; A, B, C are device
         addresses (ints), strides in elements. `math`: this product's own (cugru._args.MATHS)
-        where it differs from the pass's (None: the pass's)."""
+        where it differs from the pass's (None: the pass's). `wide`: operands and result in
+        float64 whatever the pass's dtype (cugru._plan.wide_products; a float32 pass under
+        math="strict")."""
         if not self._bound:
             self._bind()
-        math = self.math if math is None else math
+        math = "strict" if wide else self.math if math is None else math
+        itemsize = 8 if wide else self.dtype.itemsize
+        scalars = _host_scalars("d") if wide else self._scalars
         lt = self._lt
         if lt is not None and k <= LT_MAX_K and m * n * k * batch <= LT_MAX_MACS:
             bits = A | B | C | _cublaslt.MAX_ALIGNMENT
-            product = lt.get(self.dtype.itemsize, math, transa, transb, m, n, k, lda, sA,
-                             ldb, sB, ldc, sC, batch, bits & -bits)
+            product = lt.get(itemsize, math, transa, transb, m, n, k, lda, sA, ldb, sB, ldc,
+                             sC, batch, bits & -bits)
             if product is not None:
                 desc, a, b, c, algo = product.call
-                status = lt.matmul(lt.handle, desc, self._scalars[1.0], A, a, B, b,
-                                   self._scalars[float(beta)], C, c, C, c, algo, None, 0,
+                status = lt.matmul(lt.handle, desc, scalars[1.0], A, a, B, b,
+                                   scalars[float(beta)], C, c, C, c, algo, None, 0,
                                    self.stream)
                 if status != 0:
                     raise RuntimeError(f"cuBLASLt matmul failed with status {status} (m={m}, "
@@ -690,11 +694,14 @@ class Loop:
                             math)
         if own != self._math_mode:
             self._set_math(own)
+        gemm = self._gemm
+        if wide:
+            gemm = (cb.dgemmStridedBatched if self._direct is None
+                    else self._direct.gemm[8])
         try:
-            status = self._gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
-                                cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k,
-                                self._scalars[1.0], A, lda, sA, B, ldb, sB,
-                                self._scalars[float(beta)], C, ldc, sC, batch)
+            status = gemm(self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
+                          cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k, scalars[1.0],
+                          A, lda, sA, B, ldb, sB, scalars[float(beta)], C, ldc, sC, batch)
         except BaseException:
             if own != self._math_mode:
                 try:
@@ -705,7 +712,7 @@ class Loop:
         if own != self._math_mode:
             self._set_math(self._math_mode)
         if self._direct is not None and status != 0:
-            raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}"
+            raise RuntimeError(f"cuBLAS {'s' if itemsize == 4 else 'd'}"
                                f"gemmStridedBatched failed with status {status} (m={m}, "
                                f"n={n}, k={k}, batch={batch})")
 

@@ -25,8 +25,9 @@ runs the whole pass (``whole_pass``).
 ``choose(path, B, H, D, dtype, backward, T, I, qat, lengths, math)`` gives the plan a call
 runs: for path="auto" SMALL where the pass is short enough (``small_takes``), else a
 TilePlan or PersistPlan where ``fast_plan`` finds one and the limits below say it beats
-the per-step path, else a ResidentPlan where ``resident_plan`` finds one and
-``resident_auto_takes`` says it beats the per-step path, else STEPS.
+the per-step path, else STEPS where its products run in float64 (``wide_auto_takes``),
+else a ResidentPlan where ``resident_plan`` finds one and ``resident_auto_takes`` says it
+beats the per-step path, else STEPS.
 """
 from __future__ import annotations
 
@@ -132,6 +133,45 @@ PERSIST_L2_BYTES_PER_CYCLE = 3000
 PERSIST_BARRIER_CYCLES = 2000
 
 
+#: float32 passes of the per-step path under math="strict" run their recurrent products in
+#: float64 (wide_products): each operand widened exactly, the products and their sums in
+#: float64, each result rounded once to float32 where a cell reads it (more accurate than a
+#: float32 GEMM, whose sum rounds at every term; the same bits every run). On the GPUs of
+#: WIDE_CCS cuBLAS' float64 GEMM runs on tensor cores at about the rate of float32 FMAs,
+#: and on the per-step products' shapes it took less time than the float32 GEMM. Measured
+#: on an H200 (tools/gemm_probe.py, CUDA graphs of back-to-back products, µs a product,
+#: float32 against float64, docs/gpu-report.md): forward S10 32.3 against 17.6, O16 15.5
+#: against 9.2, S9 18.0 against 13.7, O3 9.7 against 7.0, O14 17.3 against 16.6, O5 (B = 3)
+#: 10.8 against 15.9; backward, against float32's split product (backward_split): S10 24.5
+#: against 18.6, and float64 slower on S9, O3, O5, O14 and O16 (B <= 64). So the forward
+#: product widens from WIDE_MIN_ROWS batch rows and for WIDE_MIN_H <= H <= WIDE_MAX_H, the
+#: backward one from WIDE_BACKWARD_MIN_ROWS (between S9's 64 and S10's 256: not measured).
+#: Whole passes (bench.paths, float32 products against float64, ms, train / inference):
+#: S10 6.730 / 2.328 (auto on the resident kernel forward) against 6.307 / 2.045, S8 3.559
+#: / 1.397 against 3.283 / 1.154, S9 7.472 / 2.654 against 7.333 / 2.566, O16 16.923 /
+#: 8.223 against 14.891 / 6.134, O3 1.372 / 0.610 against 1.256 / 0.501; O6 (H = 2048)
+#: 5.048 / 2.083 against 5.066 / 2.134, hence WIDE_MAX_H. WIDE: False turns them off
+WIDE = True
+WIDE_CCS = (90,)
+WIDE_MIN_ROWS = 16
+WIDE_MIN_H = 512
+WIDE_MAX_H = 1024
+WIDE_BACKWARD_MIN_ROWS = 128
+
+
+def wide_products(B, H, itemsize, math, qat=False, backward=False) -> bool:
+    """Whether the per-step path's recurrent products of a pass run in float64 on float32
+    data (WIDE's note): float32 data, math="strict", not quantization-aware, at least
+    WIDE_MIN_ROWS (backward: WIDE_BACKWARD_MIN_ROWS) batch rows, WIDE_MIN_H to WIDE_MAX_H
+    units, on a GPU of WIDE_CCS."""
+    if not WIDE or itemsize != 4 or math != "strict" or qat or not \
+            WIDE_MIN_H <= H <= WIDE_MAX_H:
+        return False
+    if B < (WIDE_BACKWARD_MIN_ROWS if backward else WIDE_MIN_ROWS):
+        return False
+    return dev.device().cc in WIDE_CCS
+
+
 def backward_split(H, D, itemsize, math) -> int:
     """How many slices of k = 3H the per-step backward product of D directions (one or
     two alike) is split into (1: one product): with float32 data, math="strict" and k >=
@@ -154,7 +194,9 @@ class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
     and one pointwise launch (grid axis y = direction); where backward_split splits the
     backward product, one batched call over directions and slices and gru_add_chunks in
-    its place (split_product)."""
+    its place (split_product); where wide_products says so, the products in float64 on
+    widened operands (the pointwise kernels then read the products as float64 and also
+    write what the next product reads, widened)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
@@ -168,23 +210,66 @@ class StepsPlan:
         return (-(-B * H // cat.STEP_THREADS), D)
 
     @staticmethod
-    def forward_args(p, gh):
-        """The forward pointwise kernel's arguments (gh: the step's recurrent product)."""
-        return {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs, "y": p.y,
-                "gates": p.y if p.gates is None else p.gates, "lengths": p.lengths,
-                "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "s": 0, **p.qargs}
+    def wide(p, backward=False):
+        """Whether pass p's products run in float64 (wide_products)."""
+        return wide_products(p.B, p.H, p.dtype.itemsize, p.math, p.qat, backward)
 
-    def forward_step(self, loop, p, gh=None):
-        """(product(s), pointwise(s)): the two calls of forward step s (gh: where the
-        products go, a temporary of the pass's own where None)."""
+    @staticmethod
+    def forward_args(p, gh, hw=None):
+        """The forward pointwise kernel's arguments (gh: the step's recurrent product; hw:
+        the widened h of the wide products, else None)."""
+        return {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs, "y": p.y,
+                "gates": p.y if p.gates is None else p.gates, "hw": hw,
+                "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "s": 0,
+                **p.qargs}
+
+    @staticmethod
+    def _buffers(p, wide, backward=False):
+        """The pass's temporaries: forward (gh,) or, wide, (gh, hw, w64) in float64;
+        backward () or, wide, (dh, dghw, w64) in float64 (w64: W_hh widened)."""
+        B, H, D = p.B, p.H, p.D
+        G = 3 * H
+        if not wide:
+            return () if backward else dev.scratch("steps", p.dtype, (D, B, G))
+        shapes = ((D, B, H), (D, B, G)) if backward else ((D, B, G), (2, D, B, H))
+        return dev.scratch("steps backward" if backward else "steps", np.float64, *shapes,
+                           (D * G * H,))
+
+    @staticmethod
+    def _convert(loop, src, dst, n, runs=1, stride=0):
+        """dst[r*n + k] = src[r*stride + k] converted (float <-> double), r < runs."""
+        kern = dev.kernel("gru_steps.cu", cat.step_convert(
+            cat.CTYPE[src.dtype.itemsize], cat.CTYPE[dst.dtype.itemsize]))
+        loop.launch(kern, (min(-(-n // cat.STEP_THREADS), 4096), runs), (cat.STEP_THREADS,),
+                    {"in": src, "out": dst, "n": n, "in_stride": stride})
+
+    def forward_step(self, loop, p, bufs=None):
+        """(product(s), pointwise(s)): the two calls of forward step s (bufs: _buffers',
+        made here where None). With wide products, product(0) first widens W_hh and h0."""
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
-        if gh is None:
-            gh, = dev.scratch("steps", p.dtype, (D, B, G))
-        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat))
+        wide = self.wide(p)
+        if bufs is None:
+            bufs = self._buffers(p, wide)
+        gh = bufs[0]
+        hw = bufs[1] if wide else None
+        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat, wide))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                                self.forward_args(p, gh), step_arg="s")
-        w_hh, hs, ghp = p.w_hh.data.ptr, p.hs.data.ptr, gh.data.ptr
+                                self.forward_args(p, gh, hw), step_arg="s")
+        ghp = gh.data.ptr
+        if wide:
+            w64 = bufs[2]
+            w, h, step = w64.data.ptr, hw.data.ptr, D * B * H * 8
+
+            def product(s, _keep=bufs):
+                if s == 0:
+                    self._convert(loop, p.w_hh, w64, D * G * H)
+                    self._convert(loop, p.hs, hw, B * H, D, S * B * H)
+                # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hw[s % 2, d]' (H, B)
+                loop.gemm(True, False, G, B, H, w, H, G * H, h + (s & 1) * step, H, B * H,
+                          0.0, ghp, G, B * G, D, wide=True)
+            return product, pointwise
+        w_hh, hs = p.w_hh.data.ptr, p.hs.data.ptr
 
         def product(s, _keep=gh):
             # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hs[d, s]' (H, B)
@@ -194,33 +279,36 @@ class StepsPlan:
 
     def forward(self, loop, p):
         """The T steps, replayed from a CUDA graph on a repeated call (Loop.replay)."""
-        gh, = dev.scratch("steps", p.dtype, (p.D, p.B, 3 * p.H))
+        wide = self.wide(p)
+        bufs = self._buffers(p, wide)
 
         def issue(into):
-            product, pointwise = self.forward_step(into, p, gh)
+            product, pointwise = self.forward_step(into, p, bufs)
             for s in range(p.T):
                 product(s)
                 pointwise(s)
-        loop.replay(dev.graph_key("steps forward", p.ctype, p.training, p.qat, p.D,
-                                  self.forward_args(p, gh), p.w_hh), issue)
+        loop.replay(dev.graph_key("steps forward", p.ctype, p.training, p.qat, p.D, wide,
+                                  self.forward_args(p, *bufs[:2]), bufs, p.w_hh), issue)
 
     @staticmethod
-    def backward_args(p, dh):
-        """The backward pointwise kernel's arguments (dh: the carried gradient)."""
+    def backward_args(p, dh, dghw=None):
+        """The backward pointwise kernel's arguments (dh: the carried gradient; dghw: the
+        step's widened d_gate_h of the wide products, else None)."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh, "dgi": p.dgi,
-                "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H,
-                "s": 0, **p.qargs}
+                "dgh": p.dgh, "dghw": dghw, "lengths": p.lengths, "steps": p.T, "B": p.B,
+                "H": p.H, "s": 0, **p.qargs}
 
-    @staticmethod
-    def split_product(loop, p):
+    def split_product(self, loop, p):
         """(S, parts, table) for a backward pass whose per-step product is split into S
         slices of k (backward_split; where the loop has cuBLAS' batched GEMM of pointer
-        arrays), else None. `parts` holds the slices' products (S, D, B, H); `table` their
-        operands' addresses: row 0 W_hh's slices, row 1 the parts, row 2 + s dgh[d, s]'s
-        slices, D*S columns each (direction-major). Made before the pass is issued, outside
-        Loop.replay's capture; None while the caller's stream is being captured."""
+        arrays, and the products are not wide), else None. `parts` holds the slices'
+        products (S, D, B, H); `table` their operands' addresses: row 0 W_hh's slices, row
+        1 the parts, row 2 + s dgh[d, s]'s slices, D*S columns each (direction-major). Made
+        before the pass is issued, outside Loop.replay's capture; None while the caller's
+        stream is being captured."""
         S = backward_split(p.H, p.D, p.dtype.itemsize, p.math)
-        if S == 1 or not loop.has_gemm_pointers() or dev.capturing(dev.cupy()):
+        if S == 1 or self.wide(p, True) or not loop.has_gemm_pointers() \
+                or dev.capturing(dev.cupy()):
             # (under a caller's CUDA graph capture, e.g. torch.cuda.graph, the table could
             # neither be uploaded nor kept for the graph's life: one product a step)
             return None
@@ -238,16 +326,21 @@ class StepsPlan:
         table = dev.pointer_table(("split", w_hh, dgh, out, T, B, H, D, S, it), build)
         return S, parts, table
 
-    def backward_step(self, loop, p, start=True, split=_MAKE_SPLIT):
+    def backward_step(self, loop, p, start=True, split=_MAKE_SPLIT, bufs=None):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
         gradient they update (p.dh0: dh_n, or zeros, at the start, set here with `start`;
         dh0 after step 0). `split`: split_product's (None: one product a step), made here
-        unless the caller made it."""
+        unless the caller made it. With wide products (bufs: _buffers', made here where
+        None) the carried gradient is a float64 temporary: pointwise(T - 1) first widens
+        W_hh and p.dh0 into it, and product(0) then rounds it into p.dh0."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
-        dh = p.dh0
+        wide = self.wide(p, True)
         if start:
             self.start_backward(p)
+        if wide:
+            return self._wide_backward_step(loop, p, bufs or self._buffers(p, True, True))
+        dh = p.dh0
         if split is _MAKE_SPLIT:
             split = self.split_product(loop, p)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
@@ -262,6 +355,30 @@ class StepsPlan:
             loop.gemm(False, False, H, B, G, w_hh, H, G * H, dgh + s * B * G * it, G,
                       T * B * G, 1.0, dhp, H, B * H, D)
         return pointwise, product, dh
+
+    def _wide_backward_step(self, loop, p, bufs):
+        """backward_step's calls with wide products (bufs: (dh, dghw, w64) in float64)."""
+        T, B, H, D = p.T, p.B, p.H, p.D
+        G = 3 * H
+        dh, dghw, w64 = bufs
+        kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat, True))
+        launch = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
+                             self.backward_args(p, dh, dghw), step_arg="s")
+
+        def pointwise(s, _keep=bufs):
+            if s == T - 1:
+                self._convert(loop, p.w_hh, w64, D * G * H)
+                self._convert(loop, p.dh0, dh, D * B * H)
+            launch(s)
+        w, g, c = w64.data.ptr, dghw.data.ptr, dh.data.ptr
+
+        def product(s, _keep=bufs):
+            # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dghw[d]' (3H, B)
+            loop.gemm(False, False, H, B, G, w, H, G * H, g, G, B * G, 1.0, c, H, B * H, D,
+                      wide=True)
+            if s == 0:
+                self._convert(loop, dh, p.dh0, D * B * H)
+        return pointwise, product, p.dh0
 
     @staticmethod
     def _split_product(loop, p, split, dh):
@@ -295,15 +412,19 @@ class StepsPlan:
         """Fills p.dgi, p.dgh and p.dh0: the T steps, replayed from a CUDA graph on a
         repeated call (Loop.replay)."""
         self.start_backward(p)
+        wide = self.wide(p, True)
+        bufs = self._buffers(p, wide, True)
         split = self.split_product(loop, p)
 
         def issue(into):
-            pointwise, product, _ = self.backward_step(into, p, start=False, split=split)
+            pointwise, product, _ = self.backward_step(into, p, start=False, split=split,
+                                                       bufs=bufs)
             for s in range(p.T - 1, -1, -1):
                 pointwise(s)
                 product(s)
-        loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D,
-                                  self.backward_args(p, p.dh0), p.w_hh, split), issue)
+        args = self.backward_args(p, *bufs[:2]) if wide else self.backward_args(p, p.dh0)
+        loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D, wide, args, p.dh0,
+                                  bufs, p.w_hh, split), issue)
 
 
 STEPS = StepsPlan()
@@ -1119,6 +1240,16 @@ def f64_tile_auto_takes(plan, D, dtype, qat=False, lengths=False, one_step=False
     return waves(plan, D, at_once) <= most
 
 
+def wide_auto_takes(fast, B, H, dtype, math, qat=False, backward=False) -> bool:
+    """Whether path="auto" runs a pass per step with its products in float64
+    (wide_products) rather than on fast_plan's plan `fast` or the resident kernel: where the
+    products widen and `fast` is none, a persist plan or a grid-scope tile plan (a block or
+    cluster plan keeps its place; none holds H >= WIDE_MIN_H)."""
+    if not wide_products(B, H, np.dtype(dtype).itemsize, math, qat, backward):
+        return False
+    return fast is None or isinstance(fast, PersistPlan) or fast.cluster == 0
+
+
 def _chosen(path, B, H, D, dtype, backward, qat, lengths, math, one_step=False):
     if path == "resident":
         plan = resident_plan(B, H, D, dtype, qat, lengths, math)
@@ -1141,8 +1272,11 @@ def _chosen(path, B, H, D, dtype, backward, qat, lengths, math, one_step=False):
     if split > 1 and not dev.has_batched_pointers():
         split = 1           # (the per-step pass then runs one product a step)
     if path == "fast" or (auto_takes(fast, B, H, D, backward, split)
-                          and f64_tile_auto_takes(fast, D, dtype, qat, lengths, one_step)):
+                          and f64_tile_auto_takes(fast, D, dtype, qat, lengths, one_step)
+                          and not wide_auto_takes(fast, B, H, dtype, math, qat, backward)):
         return fast
+    if wide_auto_takes(fast, B, H, dtype, math, qat, backward):
+        return STEPS
     plan = resident_plan(B, H, D, dtype, qat, lengths, math)
     if plan is not None and resident_auto_takes(plan, B, H, D, backward):
         return plan

@@ -34,7 +34,8 @@ from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_CLUSTER_AUTO_MAX_WAVES,  # noqa
                     resident_auto_takes, resident_empty, resident_plan, resident_split,
                     resident_splits,
                     small_chain, small_takes,
-                    tile_rank, tile_split, tile_splits, waves)
+                    tile_rank, tile_split, tile_splits, waves, WIDE_BACKWARD_MIN_ROWS,
+                    WIDE_CCS, WIDE_MAX_H, WIDE_MIN_H, WIDE_MIN_ROWS, wide_auto_takes, wide_products)
 
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
@@ -55,7 +56,8 @@ __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "P
            "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
            "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",
            "use_graphs",
-           "clear_graphs"]
+           "clear_graphs", "WIDE_BACKWARD_MIN_ROWS", "WIDE_CCS", "WIDE_MAX_H", "WIDE_MIN_H", "WIDE_MIN_ROWS",
+           "wide_auto_takes", "wide_products"]
 
 
 def use_graphs(on: bool) -> bool:

@@ -47,8 +47,8 @@ def test_tile_kernels_launched_per_arch():
     assert tile.launched_on(name.format(1, 512), 90)
     assert tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,true>", 90)
     assert not tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,false>", 80)
-    assert runtime.source("gru_steps.cu").launched_on("gru_forward_step<float,true,false>",
-                                                      80)
+    assert runtime.source("gru_steps.cu").launched_on(
+        "gru_forward_step<float,true,false,float>", 80)
     rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
              "spill": (8, 4, 4)}]
     assert compile_check.counted_spills(tile, "sm_90", rows) == rows
@@ -95,13 +95,20 @@ def test_every_source_on_disk_is_registered_and_compiles_as_the_runtime_renders_
 def test_a_call_compiles_only_the_family_it_runs():
     """The per-step path's kernels are one module of 3 instances per element type, not part
     of the tile kernels' 99 (float32): the families compile apart; the quantization-aware
-    instances (cugru.QuantSpec) are modules of their own, compiled only by such calls."""
+    instances (cugru.QuantSpec) are modules of their own, compiled only by such calls, and
+    so are the float32 instances with float64 products and their conversions
+    (wide_products)."""
     steps = runtime.source("gru_steps.cu").groups()
+    wide = steps.pop(_catalog.WIDE_GROUP)
     assert steps == {g: (_catalog.step_forward(c, False, q), _catalog.step_forward(c, True, q),
                          _catalog.step_backward(c, q))
                      for c in ("float", "double")
                      for q, g in ((False, c), (True, _catalog.qat_group(c)))}
-    assert all(n.endswith("false>") for c in ("float", "double") for n in steps[c])
+    assert all(n.endswith(f"false,{c}>") for c in ("float", "double") for n in steps[c])
+    assert wide == ("gru_forward_step<float,false,false,double>",
+                    "gru_forward_step<float,true,false,double>",
+                    "gru_backward_step<float,false,double>",
+                    "gru_steps_convert<float,double>", "gru_steps_convert<double,float>")
     tile = runtime.source("gru_tile.cu").groups()
     assert len(tile["float"]) == 3 * len(_catalog.TILES[4]) == 99
     assert len(tile["double"]) == len(tile["double-qat"]) == 3 * len(_catalog.TILES[8])

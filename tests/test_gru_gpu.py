@@ -472,7 +472,9 @@ def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
     """path="auto": the tile kernels at every scope, grid scope up to GRID_AUTO_MAX_WAVES
     waves of groups (any H: rows off 16-byte boundaries too), but not for a backward pass
     whose product splits on a grid plan of several groups; beyond, a forward pass runs the
-    resident kernel where B fills its blocks' rows (strict math), else per step."""
+    resident kernel where B fills its blocks' rows (strict math), else per step. On a GPU
+    where the per-step products widen (wide_products), S8's, S9's and H = 1022's forward
+    passes run per step instead; the rest is checked with the products in float32."""
     chosen = []
     monkeypatch.setattr(cugru.gru._passes, "forward",
                         lambda a, plan, math="strict": chosen.append(plan) or (None, None, None))
@@ -481,6 +483,11 @@ def test_auto_takes_the_fast_path_up_to_its_limits(cp, monkeypatch):
         cugru.gru_forward(cp.zeros((2, B, 3), np.float32), None, *_zero_weights(cp, H, 3), **kw)
         return chosen[-1]
 
+    if _wide_gpu():
+        monkeypatch.setattr(_plan, "_CHOSEN", {})
+        assert all(auto(64, H) is plans.STEPS for H in (512, 1024, 1022))
+    monkeypatch.setattr(_plan, "WIDE", False)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
     assert auto(64, 64).scope == "block"
     plan = plans.fast_plan(64, 512, 1, np.float32)                  # S8
     assert isinstance(plan, plans.TilePlan) and plan.scope == "grid"
@@ -869,11 +876,14 @@ def test_resident_kernel_at_the_edges_of_its_blocks(cp, poison, rng, monkeypatch
     assert all(np.array_equal(a, b) for a, b in zip(got, again))
 
 
-def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng):
-    """On S10's shape (B = 256, H = 512, both directions) path="auto" runs the forward
-    pass on the resident kernel on this GPU (where a split fits) and the backward pass per
-    step, its product split: the per-step backward pass reads the history the resident
-    forward kernel left, and the results are the oracle's."""
+def test_auto_runs_the_resident_kernels_on_s10_s_shape(cp, rng, monkeypatch):
+    """On S10's shape (B = 256, H = 512, both directions) with the per-step products in
+    float32 (WIDE off: a GPU where they do not widen) path="auto" runs the forward pass on
+    the resident kernel on this GPU (where a split fits) and the backward pass per step,
+    its product split: the per-step backward pass reads the history the resident forward
+    kernel left, and the results are the oracle's."""
+    monkeypatch.setattr(_plan, "WIDE", False)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
     T, B, I, H = 3, 256, 7, 512
     f32 = np.dtype(np.float32)
     plan = plans.choose("auto", B, H, 2, f32, False, T, I)
@@ -909,6 +919,68 @@ def test_steps_path_splits_the_backward_product(cp, rng, monkeypatch, H, bi):
     plans.clear_graphs()           # (the first call then issues its steps: no cached graph)
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
     assert calls and set(calls) == {D * S}
+    _check(got, p, np.float32)
+    for _ in range(2):
+        again = [cp.asnumpy(a) for a in run(g, path="steps")]
+        assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+def _wide_gpu():
+    """Whether this GPU runs wide products (cugru._plan.WIDE_CCS)."""
+    return _device.device().cc in _plan.WIDE_CCS
+
+
+# (the forward pass's limits: 16 rows, H = 512; the backward pass's: 128 rows; H not a
+# multiple of 4 or 8, one and two directions, variable lengths)
+@pytest.mark.parametrize("B,H,bi,lengths", [(16, 512, False, False), (17, 515, True, True),
+                                            (128, 512, True, False), (130, 522, False, True)])
+def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
+    """path="steps" on float32 data under math="strict" where wide_products holds: every
+    recurrent product of the forward pass (from 16 rows) and of the backward pass (from
+    128) goes through the loop's float64 GEMM; each saved hn (W_hn h + b_hn) lies within
+    half an ulp of the float64 product plus half an ulp of its sum with the bias (the
+    product rounded once), which the float32 products (WIDE off) miss; the results are the
+    oracle's, and the same bits on a second and third run (CUDA graph replays)."""
+    if not _wide_gpu():
+        pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
+    T, I = 3, 5
+    D = 2 if bi else 1
+    f32 = np.dtype(np.float32)
+    assert plans.wide_products(B, H, 4, "strict")
+    assert plans.wide_products(B, H, 4, "strict", backward=True) == (B >= 128)
+    p = problem(rng, T, B, I, H, bi, lengths=lengths)
+    g = to_gpu(cp, cast(p, np.float32))
+    calls, gemm = [], _device.Loop.gemm
+
+    def counted(self, *args, **kw):
+        calls.append((args[2:5], kw.get("wide", False)))    # ((m, n, k), wide)
+        return gemm(self, *args, **kw)
+    monkeypatch.setattr(_device.Loop, "gemm", counted)
+
+    def hn_error(wide):
+        monkeypatch.setattr(_plan, "WIDE", wide)
+        plans.clear_graphs()
+        _, _, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=bi,
+                                        lengths=g.get("lengths"), path="steps")
+        hs = cp.asnumpy(saved.hs)[:, :T].astype(np.float64)         # (D, T, B, H)
+        hn = cp.asnumpy(saved.gates)[..., 3 * H:].astype(np.float64)
+        w = g["w_hh"].get()[:, 2 * H:].astype(np.float64)             # (D, H, H)
+        prod = np.einsum("dtbk,dhk->dtbh", hs, w)
+        ref = prod + g["b_hh"].get()[:, None, None, 2 * H:].astype(np.float64)
+        bound = (np.spacing(np.abs(prod).astype(np.float32)).astype(np.float64)
+                 + np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64)) / 2
+        return np.abs(hn - ref) / bound
+    assert hn_error(False).max() > 1         # (the float32 GEMM's sums round at each term)
+    calls.clear()
+    assert hn_error(True).max() <= 1 + 1e-6
+    assert calls and all(w for (m, n, k), w in calls if (m, n, k) == (3 * H, B, H))
+    calls.clear()
+    plans.clear_graphs()
+    got = [cp.asnumpy(a) for a in run(g, path="steps")]
+    # (below 128 rows the backward product is float32's split one: Loop.gemm_pointers)
+    recurrent = {(3 * H, B, H): True, **({(H, B, 3 * H): True} if B >= 128 else {})}
+    assert {mnk for mnk, _ in calls} >= set(recurrent)
+    assert all(w == recurrent.get(mnk, False) for mnk, w in calls)
     _check(got, p, np.float32)
     for _ in range(2):
         again = [cp.asnumpy(a) for a in run(g, path="steps")]

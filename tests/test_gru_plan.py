@@ -64,6 +64,7 @@ class HostLoop:
     made: list = []
     keys: list = []     # (the keys of Loop.replay's calls)
     products: list = []     # ((m, n, k, batch, math) of each product)
+    wide: list = []     # ((m, n, k, batch) of each product in float64 on a float32 pass)
 
     def __init__(self, dtype, plain=False, math="strict"):
         self.dtype = np.dtype(dtype)
@@ -77,13 +78,17 @@ class HostLoop:
         return False
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
-             math=None):
-        it = self.dtype.itemsize
+             math=None, wide=False):
+        dt = np.dtype(np.float64) if wide else self.dtype
+        it = dt.itemsize
         HostLoop.products.append((m, n, k, batch, self.math if math is None else math))
+        if wide:
+            assert self.dtype == np.float32 and self.math == "strict" and math is None
+            HostLoop.wide.append((m, n, k, batch))
         for i in range(batch):
-            a = _matrix(A + i * sA * it, *((k, m) if transa else (m, k)), lda, self.dtype)
-            b = _matrix(B + i * sB * it, *((n, k) if transb else (k, n)), ldb, self.dtype)
-            c = _matrix(C + i * sC * it, m, n, ldc, self.dtype)
+            a = _matrix(A + i * sA * it, *((k, m) if transa else (m, k)), lda, dt)
+            b = _matrix(B + i * sB * it, *((n, k) if transb else (k, n)), ldb, dt)
+            c = _matrix(C + i * sC * it, m, n, ldc, dt)
             if (self.math if math is None else math) == "tf32":
                 a, b = tf32(a), tf32(b)
             product = (a.T if transa else a) @ (b.T if transb else b)
@@ -152,15 +157,15 @@ class KeyedLoop(HostLoop):
             (address, nbytes, self.buffers)
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
-             math=None):
-        it = self.dtype.itemsize
+             math=None, wide=False):
+        it = 8 if wide else self.dtype.itemsize
         for address, ld, cols, rows, stride in ((A, lda, *((m, k) if transa else (k, m)), sA),
                                                 (B, ldb, *((k, n) if transb else (n, k)), sB),
                                                 (C, ldc, n, m, sC)):
             # (column-major: `cols` columns of `rows` elements, ld apart; per batch item)
             self._named(address, ((batch - 1) * stride + (cols - 1) * ld + rows) * it)
         super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
-                     math)
+                     math, wide)
 
     def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
         for table in (A, B, C):
@@ -200,6 +205,8 @@ class HostKernel:
         # quantization-aware instances are checked against the oracle on the GPU)
         quant = {k: args.pop(k) for k in list(args) if k.startswith("q_")}
         flags = self.name.rstrip(">").split(",")
+        if self.name.startswith(("gru_forward_step", "gru_backward_step")):
+            flags = flags[:-1]      # (the products' element type)
         if self.name.startswith("gru_tile"):
             # the tile instances' last flag is LEN: only those read lengths
             assert (flags[-1] == "true") == (args["lengths"] is not None), self.name
@@ -213,12 +220,15 @@ def _sigmoid(v):
 
 
 def forward_step(train):
-    """gru_forward_step<T, TRAIN>, one direction d per loop turn, all (b, j) at once."""
-    def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, lengths, steps,
-            B, H, S, s):
+    """gru_forward_step<T, TRAIN, QAT, P>, one direction d per loop turn, all (b, j) at once;
+    with P = double (hw given) the product read is rounded to T first, and h after the step
+    also goes widened into slot (s + 1) % 2 of hw."""
+    def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, hw, lengths,
+            steps, B, H, S, s):
         D = grid[1]
-        gi, gh, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, gh, b_ih, b_hh, hs,
-                                                                     y, gates))
+        assert (hw is None) == (gh.dtype == gi.dtype)
+        gi, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, b_ih, b_hh, hs, y, gates))
+        gh = gh.reshape(-1).astype(gi.dtype)
         BH, H3 = B * H, 3 * H
         for d in range(D):
             i = np.arange(BH)
@@ -234,6 +244,8 @@ def forward_step(train):
             h_new = (1 - z) * n + z * h
             on = t < _length(lengths, b, steps)
             hs[(d * S + (s + 1) % S) * BH + i] = np.where(on, h_new, h)
+            if hw is not None:
+                hw.reshape(-1)[(((s + 1) & 1) * D + d) * BH + i] = np.where(on, h_new, h)
             y[(t * B + b) * D * H + d * H + j] = np.where(on, h_new, 0)
             if train:
                 g = ((d * steps + s) * B + b) * 4 * H
@@ -268,18 +280,33 @@ def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D, len
     return np.where(on, dh * z, carry)
 
 
-def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, lengths, steps,
-                  B, H, s):
-    """gru_backward_step<T>."""
+def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, dghw, lengths,
+                  steps, B, H, s):
+    """gru_backward_step<T, QAT, P>; with P = double (dghw given) the carried gradient is
+    double (read rounded to T, written widened), and the step's d_gate_h also goes widened
+    into dghw."""
     D = grid[1]
+    assert (dghw is None) == (dh.dtype == dgh.dtype)
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
-    BH = B * H
+    BH, G = B * H, 3 * H
     for d in range(D):
         i = np.arange(BH)
         b, j = i // H, i % H
         t = s if d == 0 else steps - 1 - s
-        dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i], d, s, t, b, j,
-                                   steps, B, H, D, lengths)
+        dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i].astype(dgh.dtype),
+                                   d, s, t, b, j, steps, B, H, D, lengths)
+        if dghw is not None:
+            dghw.reshape(-1)[d * B * G:(d + 1) * B * G] = \
+                dgh[(d * steps + s) * B * G:(d * steps + s + 1) * B * G]
+
+
+def steps_convert(grid, block, shared_mem, cooperative, out, n, in_stride, **args):
+    """gru_steps_convert<IN, OUT>: run r of n elements from in + r*in_stride, converted."""
+    src, out = args["in"].reshape(-1), out.reshape(-1)
+    assert src.dtype != out.dtype and {src.dtype, out.dtype} == {np.dtype(np.float32),
+                                                                 np.dtype(np.float64)}
+    for r in range(grid[1]):
+        out[r * n:(r + 1) * n] = src[r * in_stride:r * in_stride + n]
 
 
 def resident_forward(split, train):
@@ -720,6 +747,12 @@ def host_device(monkeypatch):
             # the per-step path's on it where the plan falls back to it)
             runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
         runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
+    for train in (True, False):
+        runs["gru_steps.cu", _catalog.step_forward("float", train, wide=True)] = \
+            forward_step(train)
+    runs.update({("gru_steps.cu", _catalog.step_backward("float", wide=True)): backward_step,
+                 ("gru_steps.cu", _catalog.step_convert("float", "double")): steps_convert,
+                 ("gru_steps.cu", _catalog.step_convert("double", "float")): steps_convert})
     runs.update({("gru_steps.cu", _catalog.step_backward("float")): backward_step,
                  ("gru_tail.cu", _catalog.sum_chunks("float")): sum_chunks,
                  ("gru_tail.cu", _catalog.add_chunks("float")): add_chunks,
@@ -753,6 +786,7 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
     monkeypatch.setattr(_device, "Loop", HostLoop)
     HostLoop.products.clear()
+    HostLoop.wide.clear()
     # (the lengths a device array too, as on the GPU, where the calls name them by address)
     check_lengths = _args.check_lengths
     monkeypatch.setattr(_args, "check_lengths", lambda *a: None if (got := check_lengths(*a))
@@ -760,6 +794,81 @@ def host_device(monkeypatch):
     # min chunk of 64 rows, so that the chunked weight-gradient sums run here too
     monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 64)
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
+
+
+@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths", [(3, 2, 4, 5, False, True, False),
+                                                   (4, 3, 2, 3, True, True, True),
+                                                   (5, 1, 3, 2, True, False, False)])
+def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
+                                          lengths):
+    """The per-step path on float32 data with its recurrent products in float64
+    (wide_products, its limits lowered to these shapes, on a stand-in sm_90): W_hh, h0 and
+    the carried gradient widened and rounded back, the steps reading and writing their
+    widened halves (every buffer in the replay's key) give the oracle's results within
+    float32's tolerance, inference the training pass's; every recurrent product of both
+    passes, and no other, ran in float64. Off (WIDE = False) the same products run in
+    float32."""
+    from types import SimpleNamespace
+
+    from cugru import _plan
+    for name in ("WIDE_MIN_H", "WIDE_MIN_ROWS", "WIDE_BACKWARD_MIN_ROWS"):
+        monkeypatch.setattr(_plan, name, 1)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=90, id=0))
+    p = problem(rng, T, B, I, H, bi, with_h0=h0, lengths=lengths)
+    D = 2 if bi else 1
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=bi,
+                                              lengths=p.get("lengths"))
+    ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
+    dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
+    recurrent = [(3 * H, B, H, D)] * T + [(H, B, 3 * H, D)] * T
+    for wide in (True, False):
+        monkeypatch.setattr(_plan, "WIDE", wide)
+        HostLoop.wide.clear()
+        outs = []
+        for training in (False, True):
+            y, hn, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                             plans.STEPS, bidirectional=bi, training=training,
+                                             lengths=p.get("lengths"))
+            outs.append((np.array(y), np.array(hn)))
+        HostLoop.products.clear()
+        got = outs[1] + plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
+        for g, r in zip(got, (ref_y, ref_hn) + tuple(ref)):
+            assert g.dtype == np.float32
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+        for a, b in zip(*outs):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        # (two forward passes, then the backward pass's products: the recurrent ones wide)
+        assert HostLoop.wide == ([(3 * H, B, H, D)] * (2 * T) + recurrent[T:] if wide else [])
+        backward = [q[:4] for q in HostLoop.products]
+        assert backward.count((H, B, 3 * H, D)) == T
+
+
+def test_wide_products_take_float32_strict_shapes_on_the_measured_side_of_their_limits(
+        monkeypatch):
+    """wide_products on a stand-in sm_90: S10's two passes (B = 256, H = 512), S9's, O16's
+    and O3's forward pass (B = 16-64, H = 700-1024); not O5 (B = 3), not S9's and O16's
+    backward pass (their float32 split product was faster), not H below WIDE_MIN_H or
+    above WIDE_MAX_H (O6, H = 2048), float64 data, math="tf32", quantization-aware passes,
+    WIDE off or another GPU (sm_80)."""
+    from types import SimpleNamespace
+
+    from cugru import _plan
+    cc = [90]
+    monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=cc[0], id=0))
+    wide = _plan.wide_products
+    assert wide(256, 512, 4, "strict") and wide(256, 512, 4, "strict", backward=True)
+    for B, H in ((64, 1024), (16, 1000), (20, 700)):
+        assert wide(B, H, 4, "strict") and not wide(B, H, 4, "strict", backward=True)
+    assert not wide(3, 1024, 4, "strict") and not wide(256, 256, 4, "strict")
+    assert not wide(32, 2048, 4, "strict") and not wide(32, 1025, 4, "strict")
+    assert not wide(256, 512, 8, "strict") and not wide(256, 512, 4, "tf32")
+    assert not wide(256, 512, 4, "strict", qat=True)
+    monkeypatch.setattr(_plan, "WIDE", False)
+    assert not wide(256, 512, 4, "strict")
+    monkeypatch.setattr(_plan, "WIDE", True)
+    cc[0] = 80
+    assert not wide(256, 512, 4, "strict")
 
 
 def _gpu_path_matches(dev, p, dims, plan, ref_y, ref_hn, saved, ref):
@@ -1094,34 +1203,37 @@ def test_resident_split_takes_the_least_work_a_thread_that_fits_the_sms():
     assert plan.smem == _catalog.resident_smem(plan.split, 512) <= H200["smem_limit"]
 
 
-def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_resident_kernel(
+def test_among_the_benchmark_s_shapes_auto_runs_the_wide_products_per_step_where_measured(
         monkeypatch):
     """On an H200 stand-in (its SMs, its shared memory, the tile kernels' groups at once
-    as measured) path="auto" runs the forward pass of S9 and S10 on the resident kernels,
-    and no other pass of bench.paths' tables (S1-S10, O1-O16, A1-A6); the backward passes
-    of S10, O14 and O5 run per step (their products split), O5's no longer on the persist
-    kernels, and so do S8's and O16's, whose grid plans have more than one group (their
-    forward passes keep them); O4 (one group) and A5 and A6 (k = 3H below SPLIT_MIN_K) keep
-    their grid plans."""
+    as measured) path="auto" runs float32 passes whose products widen (wide_products) per
+    step: of bench.paths' tables (S1-S10, O1-O16, A1-A6) that moves the forward passes of S9
+    and S10 off the resident kernel and of S8 and O16 off their grid plans (each measured,
+    WIDE's note), and nothing else. With WIDE off: S9's and S10's forward passes run on the
+    resident kernel, and no other pass; the backward passes of S10, O14 and O5 run per step
+    (their products split), O5's no longer on the persist kernels, and so do S8's and O16's,
+    whose grid plans have more than one group (their forward passes keep them); O4 (one
+    group) and A5 and A6 (k = 3H below SPLIT_MIN_K) keep their grid plans."""
     from bench.paths import ALL
     from cugru import _plan
-    monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_plan, "groups_at_once", _h200_at_once())
     monkeypatch.setattr(_plan, "_persist_resident_blocks", lambda *a: 1)
     monkeypatch.setattr(_device, "device", lambda: types.SimpleNamespace(
         cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
-    _plan._fast_plan.cache_clear()
+    f32 = np.dtype(np.float32)
+
+    def every_choice(wide):
+        monkeypatch.setattr(_plan, "WIDE", wide)
+        monkeypatch.setattr(_plan, "_CHOSEN", {})
+        _plan._fast_plan.cache_clear()
+        return {(sid, backward): plans.choose("auto", B, H, 2 if bi else 1, f32, backward, T,
+                                              I)
+                for sid, ((T, B, I, H, bi), _) in ALL.items() for backward in (False, True)}
     try:
-        f32 = np.dtype(np.float32)
-        resident = {(sid, backward) for sid, ((T, B, I, H, bi), _) in ALL.items()
-                    for backward in (False, True)
-                    if isinstance(plans.choose("auto", B, H, 2 if bi else 1, f32, backward,
-                                               T, I), plans.ResidentPlan)}
-        chosen = {(sid, backward): plans.choose("auto", B, H, 2 if bi else 1, f32, backward,
-                                                T, I)
-                  for sid, ((T, B, I, H, bi), _) in ALL.items() for backward in (False, True)}
+        chosen, wide = every_choice(False), every_choice(True)
     finally:
         _plan._fast_plan.cache_clear()
+    resident = {k for k, plan in chosen.items() if isinstance(plan, plans.ResidentPlan)}
     assert resident == {("S9", False), ("S10", False)}
     for sid in ("S10", "O14", "O5", "S8", "O16"):
         assert chosen[sid, True] is plans.STEPS, sid
@@ -1134,6 +1246,9 @@ def test_among_the_benchmark_s_shapes_auto_runs_s9_and_s10_forward_alone_on_the_
     for sid in ("O4", "A5", "A6"):
         back = chosen[sid, True]
         assert isinstance(back, plans.TilePlan) and back.cluster == 0, sid
+    moved = {k for k in chosen if wide[k] != chosen[k]}
+    assert moved == {("S8", False), ("S9", False), ("S10", False), ("O16", False)}
+    assert all(wide[k] is plans.STEPS for k in moved)
 
 
 def test_auto_runs_float64_per_step_beyond_one_wave_of_grid_groups(monkeypatch):
@@ -1191,9 +1306,11 @@ def test_auto_runs_the_resident_kernels_where_it_would_run_the_per_step_path(mon
     or half data computing in float32, math="strict", no quant, no lengths, a split that
     fits; forward alone, B filling its blocks' rows: RESIDENT_AUTO_MAX_EMPTY; a backward
     pass runs per step, its product split); path="resident" takes them wherever they fit
-    or is a ValueError naming what does not."""
+    or is a ValueError naming what does not. (With the products in float32: where they
+    run in float64, path="auto" takes the per-step path first, wide_auto_takes.)"""
     from cugru import _plan
     monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(_plan, "WIDE", False)
     monkeypatch.setattr(_plan, "fast_plan", lambda *a: None)     # (no GPU to plan on)
     monkeypatch.setattr(_plan.dev, "device", lambda: types.SimpleNamespace(
         id=0, sms=H200["sms"], smem_optin=H200["smem_limit"]))
