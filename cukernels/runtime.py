@@ -28,6 +28,7 @@ import re
 import struct
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -62,17 +63,19 @@ class Source:
     instances: Callable[[], Mapping[str, Sequence[str]]]
     defines: Callable[[], Mapping[str, object]] = dict
     launched_on: Callable[[str, int], bool] = _always
-    _groups: dict = field(default=None, repr=False)
+    _groups: Mapping = field(default=None, repr=False)
     _group_of: dict = field(default=None, repr=False)
 
     @property
     def path(self) -> pathlib.Path:
         return self.directory / self.name
 
-    def groups(self) -> dict:
-        """{group: tuple of instance names}, worked out once (``rebuild`` forgets it)."""
+    def groups(self) -> Mapping:
+        """{group: tuple of instance names}, worked out once (``rebuild`` forgets it); a
+        read-only view: the modules compile from it."""
         if self._groups is None:
-            self._groups = {g: tuple(names) for g, names in self.instances().items()}
+            self._groups = types.MappingProxyType(
+                {g: tuple(names) for g, names in self.instances().items()})
             self._group_of = {n: g for g, names in self._groups.items() for n in names}
         return self._groups
 

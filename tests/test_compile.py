@@ -98,7 +98,7 @@ def test_a_call_compiles_only_the_family_it_runs():
     instances (cugru.QuantSpec) are modules of their own, compiled only by such calls, and
     so are the float32 instances with float64 products and their conversions
     (wide_products)."""
-    steps = runtime.source("gru_steps.cu").groups()
+    steps = dict(runtime.source("gru_steps.cu").groups())
     wide = steps.pop(_catalog.WIDE_GROUP)
     assert steps == {g: (_catalog.step_forward(c, False, q), _catalog.step_forward(c, True, q),
                          _catalog.step_backward(c, q))

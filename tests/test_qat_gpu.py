@@ -191,9 +191,12 @@ def test_a_plain_call_launches_no_quantization_aware_kernel(cp, rng, monkeypatch
                         lambda self, *a, **kw: launched.append(self.name) or
                         values(self, *a, **kw))
     p = to_gpu(cp, cast(problem(rng, 6, 3, 5, 7, True), np.float32))
-    def qat_flag(name):      # (a tile kernel's last flag is LEN, its QAT flag the one before)
+    def qat_flag(name):
+        # (a tile kernel's last flag is LEN and a per-step one's last argument the products'
+        # type: their QAT flag is the one before)
         flags = name.rstrip(">").split(",")
-        return flags[-2 if name.startswith("gru_tile") else -1]
+        return flags[-2 if name.startswith(("gru_tile", "gru_forward_step",
+                                            "gru_backward_step")) else -1]
 
     for quant, flag in ((None, "false"), (SPECS["w8_x_h_g"], "true")):
         launched.clear()
