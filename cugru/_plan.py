@@ -1219,7 +1219,7 @@ def choose(path, B, H, D, dtype, backward=False, T=0, I=0, qat=False, lengths=Fa
     mma = mma_applies(math, cat.CTYPE.get(dtype.itemsize), qat, lengths)
     one_step = T == 1
     key = (path, B, H, D, dtype.char, dev.device().id, backward, qat, lengths, mma, math,
-           one_step)
+           one_step, WIDE)
     plan = _CHOSEN.get(key)
     if plan is None:
         plan = _chosen(path, B, H, D, dtype, backward, qat, lengths, math, one_step)

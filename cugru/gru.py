@@ -41,7 +41,9 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     and bfloat16 compute in float32 from the given values, keep the history in float32 and
     round each result once.
     math: "strict" (every product in float32, or float64 for float64 data: a half call
-    then gives the float32 call's results, rounded), or "tf32" (float32, float16 and
+    then gives the float32 call's results, rounded; on sm_90 the per-step path may run a
+    float32 pass's recurrent products in float64, each rounded once to float32:
+    cugru.plans.wide_products), or "tf32" (float32, float16 and
     bfloat16 data: cuBLAS' products, the input projection, the per-step path's recurrent
     products and the backward pass's dx and weight gradients, may round their float32
     inputs to TF32 on tensor cores, as cuDNN does with TF32 allowed or half data; half

@@ -35,7 +35,8 @@ from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_CLUSTER_AUTO_MAX_WAVES,  # noqa
                     resident_splits,
                     small_chain, small_takes,
                     tile_rank, tile_split, tile_splits, waves, WIDE_BACKWARD_MIN_ROWS,
-                    WIDE_CCS, WIDE_MAX_H, WIDE_MIN_H, WIDE_MIN_ROWS, wide_auto_takes, wide_products)
+                    WIDE_CCS, WIDE_MAX_H, WIDE_MIN_H, WIDE_MIN_ROWS, wide_auto_takes,
+                    wide_products)
 
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
@@ -56,8 +57,8 @@ __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "P
            "persist_split", "resident", "tile_rank", "tile_split", "tile_splits", "waves",
            "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",
            "use_graphs",
-           "clear_graphs", "WIDE_BACKWARD_MIN_ROWS", "WIDE_CCS", "WIDE_MAX_H", "WIDE_MIN_H", "WIDE_MIN_ROWS",
-           "wide_auto_takes", "wide_products"]
+           "clear_graphs", "WIDE_BACKWARD_MIN_ROWS", "WIDE_CCS", "WIDE_MAX_H", "WIDE_MIN_H",
+           "WIDE_MIN_ROWS", "wide_auto_takes", "wide_products"]
 
 
 def use_graphs(on: bool) -> bool:
@@ -156,6 +157,10 @@ def step_pieces(T, B, I, H, D, dtype=np.float32, seed=1):
     loop = _device.Loop(dt)      # (its pointer mode stays host, cuBLAS' default)
     f_product, f_pointwise = STEPS.forward_step(loop, fwd)
     b_pointwise, b_product, _ = STEPS.backward_step(loop, bwd)
+    # (wide products: step 0 widens W_hh and h0, T - 1 W_hh and the carried gradient, so
+    # that the timed steps run on converted operands)
+    f_product(0)
+    b_pointwise(T - 1)
     keep = (a, fwd, bwd, saved, loop)     # the calls hold raw addresses of these buffers
     return {"recurrent GEMM (forward)": lambda _k=keep: f_product(1),
             "pointwise (forward)": lambda _k=keep: f_pointwise(1),

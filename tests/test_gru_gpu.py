@@ -944,8 +944,6 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
     T, I = 3, 5
-    D = 2 if bi else 1
-    f32 = np.dtype(np.float32)
     assert plans.wide_products(B, H, 4, "strict")
     assert plans.wide_products(B, H, 4, "strict", backward=True) == (B >= 128)
     p = problem(rng, T, B, I, H, bi, lengths=lengths)

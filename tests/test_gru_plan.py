@@ -1222,9 +1222,10 @@ def test_among_the_benchmark_s_shapes_auto_runs_the_wide_products_per_step_where
         cc=90, smem_optin=H200["smem_limit"], sms=H200["sms"], id=0))
     f32 = np.dtype(np.float32)
 
-    def every_choice(wide):
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+
+    def every_choice(wide):      # (the plan cache is kept: its key names WIDE)
         monkeypatch.setattr(_plan, "WIDE", wide)
-        monkeypatch.setattr(_plan, "_CHOSEN", {})
         _plan._fast_plan.cache_clear()
         return {(sid, backward): plans.choose("auto", B, H, 2 if bi else 1, f32, backward, T,
                                               I)
