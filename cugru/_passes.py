@@ -9,15 +9,21 @@ backward  the plan's recurrence writes d_gate_i by time (dgi), d_gate_h by step 
           dW_ih, dW_hh are GEMMs over all rows in chunks, db_ih, db_hh one kernel's sums
           in double over few rows, else GEMMs in those chunks too (``weight_grads``).
           No atomics: the same bits every run.
+wide      a float32 pass on the per-step path whose recurrent products run in float64
+          (wide_pass) runs these products in float64 too: the projection into a float64
+          gi; the gate gradients stored as float64, then dx, dW_ih, dW_hh and the bias
+          gradients each one product over all rows (``wide_tail``).
 (The patent behind cugru names the backward steps S1 to S4: the gate gradients of a step,
 the weight gradients, the bias gradients and the input gradient. Here they are called by
 what they compute, apart from the benchmark's shapes S1 to S10.)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import _catalog as cat
 from . import _device as dev
-from . import _quantize
+from . import _plan, _quantize
 from ._args import shaped_grads
 from .quant import NO_QUANT_ARGS
 from .saved import GruSaved
@@ -45,6 +51,15 @@ WGRAD_STRICT_MACS = 1 << 27
 BIAS_KERNEL_ROWS = 2048
 
 
+def wide_pass(plan, B, H, dtype, math, qat=False, backward=False) -> bool:
+    """Whether a pass on `plan` is wide: the per-step path with its recurrent products in
+    float64 on float32 data (_plan.wide_products). Such a forward pass projects the input
+    in float64 into a float64 gi; such a backward pass stores its gate gradients as float64
+    and runs its tail in float64 (wide_tail)."""
+    return isinstance(plan, _plan.StepsPlan) and _plan.wide_products(
+        B, H, np.dtype(dtype).itemsize, math, qat, backward)
+
+
 class ForwardPass:
     """The buffers of a forward pass (gru_common.cuh has their layouts). S = T + 1 slots of
     hs when training (every state kept for backward), else 2 (ping-pong); gates is None
@@ -54,9 +69,9 @@ class ForwardPass:
     them into results of its own (replayed_inference's callers)."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
-                 "lengths", "math")
+                 "lengths", "math", "wide")
 
-    def __init__(self, a, whole=False, math="strict", kept=False):
+    def __init__(self, a, whole=False, math="strict", kept=False, wide=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -68,24 +83,29 @@ class ForwardPass:
         self.b_ih, self.b_hh = a.b_ih, a.b_hh
         self.lengths = a.lengths
         self.math = math
+        self.wide = wide
         self.S = S = T + 1 if a.training else 2
         self.gi = self.hs = self.gates = None
+        # (wide: gi in float64, wide_pass)
+        gi_dt = np.float64 if wide else dt
         # (training: hs and gates are the saved history; else hs is a temporary)
         if a.training:
             if not whole:
-                self.gi, = dev.scratch("forward", dt, (T, B, D, 3 * H))
+                self.gi, = dev.scratch("forward", gi_dt, (T, B, D, 3 * H))
             self.y, self.h_n, self.hs, self.gates = dev.outputs(
                 dt, (T, B, D * H), (D, B, H), (D, S, B, H), (D, T, B, 4 * H))
         else:
             results = (T, B, D * H), (D, B, H)
             if kept:
+                assert not wide, "a wide pass keeps no temporaries"
                 temps = ((T, B, D, 3 * H), (D, S, B, H)) if not whole else ()
                 *gi_hs, self.y, self.h_n = dev.scratch("inference kept", dt, *temps, *results)
                 if gi_hs:
                     self.gi, self.hs = gi_hs
                 return
             if not whole:
-                self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
+                self.hs, = dev.scratch("inference", dt, (D, S, B, H))
+                self.gi, = dev.scratch("inference gi", gi_dt, (T, B, D, 3 * H))
             self.y, self.h_n = dev.outputs(dt, *results)
 
 
@@ -96,9 +116,9 @@ class BackwardPass:
     shapes as given (dw: dw_ih, dw_hh, db_ih, db_hh; no views to make)."""
     __slots__ = ("T", "B", "I", "H", "D", "dtype", "ctype", "dy", "dh_n", "x", "w_ih", "w_hh",
                  "hs", "gates", "dgi", "dgh", "dx", "dh0", "grads", "dw", "qat", "qargs",
-                 "lengths", "math")
+                 "lengths", "math", "wide")
 
-    def __init__(self, dy, dh_n, saved, whole=False, math="strict"):
+    def __init__(self, dy, dh_n, saved, whole=False, math="strict", wide=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = saved.dims
         self.dtype = dt = dy.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -109,8 +129,11 @@ class BackwardPass:
         self.hs, self.gates = saved.hs, saved.gates
         self.lengths = saved.lengths
         self.math = math
+        self.wide = wide
         G = 3 * H
-        self.dgi, self.dgh = dev.scratch("backward", dt, (T, B, D, G), (D, T, B, G))
+        # (wide: the gate gradients in float64, wide_pass)
+        self.dgi, self.dgh = dev.scratch("backward", np.float64 if wide else dt,
+                                         (T, B, D, G), (D, T, B, G))
         if whole:
             lead = () if saved.squeeze else (D,)
             self.dx, self.dh0, *dw = dev.outputs(dt, (T, B, I), (D, B, H), lead + (G, I),
@@ -137,7 +160,9 @@ def forward(a, plan, math="strict"):
         dev.copy_bytes(y.data.ptr, p.y.data.ptr, y.nbytes)
         dev.copy_bytes(h_n.data.ptr, p.h_n.data.ptr, h_n.nbytes)
         return y, h_n, None
-    p = ForwardPass(a, plan.whole_pass, math)
+    T, B, I, H, D = a.dims
+    p = ForwardPass(a, plan.whole_pass, math,
+                    wide=wide_pass(plan, B, H, a.x.dtype, math, a.quant is not None))
     run_forward(p, a.h0, plan)
     if not a.training:
         return p.y, p.h_n, None
@@ -209,8 +234,16 @@ def run_forward(p, h0, plan, loop=None):
         else:
             dev.copy_bytes(hs + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
     # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
-    loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
-              0.0, p.gi.data.ptr, D * G, 0)
+    if p.wide:
+        # (x and W_ih widened exactly: the sums in float64, gi kept in float64)
+        x64, w64 = dev.scratch("projection wide", np.float64, (T * B * I,), (D * G * I,))
+        _plan.convert(loop, p.x, x64, T * B * I)
+        _plan.convert(loop, p.w_ih, w64, D * G * I)
+        loop.gemm(True, False, D * G, T * B, I, w64.data.ptr, I, 0, x64.data.ptr, I, 0, 0.0,
+                  p.gi.data.ptr, D * G, 0, wide=True)
+    else:
+        loop.gemm(True, False, D * G, T * B, I, p.w_ih.data.ptr, I, 0, p.x.data.ptr, I, 0,
+                  0.0, p.gi.data.ptr, D * G, 0)
     plan.forward(loop, p)
     if not plan.writes_h_n:
         for d in range(D):
@@ -221,7 +254,9 @@ def run_forward(p, h0, plan, loop=None):
 def backward(dy, dh_n, saved, plan, math="strict"):
     """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh
     (`math` as for forward)."""
-    p = BackwardPass(dy, dh_n, saved, plan.whole_pass, math)
+    p = BackwardPass(dy, dh_n, saved, plan.whole_pass, math,
+                     wide_pass(plan, saved.dims[1], saved.dims[3], dy.dtype, math,
+                               saved.quant is not None, backward=True))
     with dev.Loop(p.dtype, math=p.math) as loop:
         plan.backward(loop, p)
         if plan.whole_pass:
@@ -247,6 +282,8 @@ def tail(p, loop=None):
     if loop is None:
         with dev.Loop(p.dtype, math=p.math) as loop:
             return tail(p, loop)
+    if p.wide:
+        return wide_tail(p, loop)
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB = 3 * H, T * B
     dx = p.dx
@@ -254,6 +291,44 @@ def tail(p, loop=None):
     loop.gemm(False, False, I, TB, D * G, p.w_ih.data.ptr, I, 0, p.dgi.data.ptr, D * G, 0,
               0.0, dx.data.ptr, I, 0)
     return (dx,) + weight_grads(loop, p)
+
+
+def wide_tail(p, loop):
+    """tail for a wide pass (wide_pass: float64 gate gradients): every product in float64
+    over all T*B rows at once, on x, hs and W_ih widened exactly, into a float64 twin of
+    p.grads (and dx into x's widened copy, once dW_ih has read it); each result rounded
+    once to float32. The bias gradients are float64 sums too (products with a vector of
+    ones)."""
+    T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
+    G, TB, DG = 3 * H, T * B, D * 3 * H
+    n_ih, n_hh = DG * I, DG * H
+    total = n_ih + n_hh + 2 * DG
+    xw, hw, w, gw = dev.scratch("tail wide", np.float64, (TB * I,), (D * (T + 1) * B * H,),
+                                (n_ih,), (total,))
+    ones = dev.ones(TB, np.float64)      # (kept alive while its address is used)
+    _plan.convert(loop, p.x, xw, TB * I)
+    _plan.convert(loop, p.hs, hw, D * (T + 1) * B * H)
+    _plan.convert(loop, p.w_ih, w, n_ih)
+    dgi, dgh, out = p.dgi.data.ptr, p.dgh.data.ptr, gw.data.ptr
+    # dW_ih' (I, D*3H) = x' (I, T*B) @ dgi (T*B, D*3H): both directions at once
+    loop.gemm(False, True, I, DG, TB, xw.data.ptr, I, 0, dgi, DG, 0, 0.0, out, I, 0, wide=True)
+    # per direction d: dW_hh[d]' (H, 3H) = hs[d, :T]' (H, T*B) @ dgh[d] (T*B, 3H)
+    loop.gemm(False, True, H, G, TB, hw.data.ptr, H, (T + 1) * B * H, dgh, G, TB * G, 0.0,
+              out + n_ih * 8, H, G * H, D, wide=True)
+    # db_ih (D*3H) = dgi' @ ones; per direction d: db_hh[d] (3H) = dgh[d]' @ ones
+    loop.gemm(False, False, DG, 1, TB, dgi, DG, 0, ones.data.ptr, TB, 0, 0.0,
+              out + (n_ih + n_hh) * 8, DG, 0, wide=True)
+    loop.gemm(False, False, G, 1, TB, dgh, G, TB * G, ones.data.ptr, TB, 0, 0.0,
+              out + (n_ih + n_hh + DG) * 8, G, G, D, wide=True)
+    # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B), into xw
+    loop.gemm(False, False, I, TB, DG, w.data.ptr, I, 0, dgi, DG, 0, 0.0, xw.data.ptr, I, 0,
+              wide=True)
+    _plan.convert(loop, xw, p.dx, TB * I)
+    grads = p.grads
+    _plan.convert(loop, gw, grads, total)
+    o_bih = n_ih + n_hh
+    return (p.dx, grads[:n_ih].reshape(D, G, I), grads[n_ih:o_bih].reshape(D, G, H),
+            grads[o_bih:o_bih + DG].reshape(D, G), grads[o_bih + DG:].reshape(D, G))
 
 
 def wgrad_math(math, macs):

@@ -185,6 +185,15 @@ def backward_split(H, D, itemsize, math) -> int:
                key=lambda s: (abs(np.log(k / (s * SPLIT_SLICE))), s), default=1)
 
 
+def convert(loop, src, dst, n, runs=1, stride=0):
+    """dst[r*n + k] = src[r*stride + k] converted (float <-> double), r < runs: the wide
+    products' operands (gru_steps_convert)."""
+    kern = dev.kernel("gru_steps.cu", cat.step_convert(cat.CTYPE[src.dtype.itemsize],
+                                                       cat.CTYPE[dst.dtype.itemsize]))
+    loop.launch(kern, (min(-(-n // cat.STEP_THREADS), 4096), runs), (cat.STEP_THREADS,),
+                {"in": src, "out": dst, "n": n, "in_stride": stride})
+
+
 # ----------------------------------------------------------------------------------- steps
 #: (StepsPlan.backward_step's default: make the split product's buffers there)
 _MAKE_SPLIT = object()
@@ -194,9 +203,12 @@ class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
     and one pointwise launch (grid axis y = direction); where backward_split splits the
     backward product, one batched call over directions and slices and gru_add_chunks in
-    its place (split_product); where wide_products says so, the products in float64 on
-    widened operands (the pointwise kernels then read the products as float64 and also
-    write what the next product reads, widened)."""
+    its place (split_product); in a pass made wide (wide_products; the pass's `wide`), the
+    products in float64 on widened operands: the forward kernel reads the projection and
+    the product as float64 and also writes the h the next product reads, widened; the
+    backward kernel stores the gate gradients as float64, and each step's product reads
+    that step's d_gate_h there (cugru._passes runs the projection and the tail in float64
+    too)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
@@ -210,9 +222,10 @@ class StepsPlan:
         return (-(-B * H // cat.STEP_THREADS), D)
 
     @staticmethod
-    def wide(p, backward=False):
-        """Whether pass p's products run in float64 (wide_products)."""
-        return wide_products(p.B, p.H, p.dtype.itemsize, p.math, p.qat, backward)
+    def wide(p):
+        """Whether pass p's products run in float64: the pass was made so (its buffers are
+        float64: cugru._passes.wide_pass)."""
+        return p.wide
 
     @staticmethod
     def forward_args(p, gh, hw=None):
@@ -226,22 +239,14 @@ class StepsPlan:
     @staticmethod
     def _buffers(p, wide, backward=False):
         """The pass's temporaries: forward (gh,) or, wide, (gh, hw, w64) in float64;
-        backward () or, wide, (dh, dghw, w64) in float64 (w64: W_hh widened)."""
+        backward () or, wide, (dh, w64) in float64 (w64: W_hh widened)."""
         B, H, D = p.B, p.H, p.D
         G = 3 * H
         if not wide:
             return () if backward else dev.scratch("steps", p.dtype, (D, B, G))
-        shapes = ((D, B, H), (D, B, G)) if backward else ((D, B, G), (2, D, B, H))
+        shapes = ((D, B, H),) if backward else ((D, B, G), (2, D, B, H))
         return dev.scratch("steps backward" if backward else "steps", np.float64, *shapes,
                            (D * G * H,))
-
-    @staticmethod
-    def _convert(loop, src, dst, n, runs=1, stride=0):
-        """dst[r*n + k] = src[r*stride + k] converted (float <-> double), r < runs."""
-        kern = dev.kernel("gru_steps.cu", cat.step_convert(
-            cat.CTYPE[src.dtype.itemsize], cat.CTYPE[dst.dtype.itemsize]))
-        loop.launch(kern, (min(-(-n // cat.STEP_THREADS), 4096), runs), (cat.STEP_THREADS,),
-                    {"in": src, "out": dst, "n": n, "in_stride": stride})
 
     def forward_step(self, loop, p, bufs=None):
         """(product(s), pointwise(s)): the two calls of forward step s (bufs: _buffers',
@@ -263,8 +268,8 @@ class StepsPlan:
 
             def product(s, _keep=bufs):
                 if s == 0:
-                    self._convert(loop, p.w_hh, w64, D * G * H)
-                    self._convert(loop, p.hs, hw, B * H, D, S * B * H)
+                    convert(loop, p.w_hh, w64, D * G * H)
+                    convert(loop, p.hs, hw, B * H, D, S * B * H)
                 # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hw[s % 2, d]' (H, B)
                 loop.gemm(True, False, G, B, H, w, H, G * H, h + (s & 1) * step, H, B * H,
                           0.0, ghp, G, B * G, D, wide=True)
@@ -291,12 +296,11 @@ class StepsPlan:
                                   self.forward_args(p, *bufs[:2]), bufs, p.w_hh), issue)
 
     @staticmethod
-    def backward_args(p, dh, dghw=None):
-        """The backward pointwise kernel's arguments (dh: the carried gradient; dghw: the
-        step's widened d_gate_h of the wide products, else None)."""
+    def backward_args(p, dh):
+        """The backward pointwise kernel's arguments (dh: the carried gradient)."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh, "dgi": p.dgi,
-                "dgh": p.dgh, "dghw": dghw, "lengths": p.lengths, "steps": p.T, "B": p.B,
-                "H": p.H, "s": 0, **p.qargs}
+                "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "s": 0,
+                **p.qargs}
 
     def split_product(self, loop, p):
         """(S, parts, table) for a backward pass whose per-step product is split into S
@@ -307,7 +311,7 @@ class StepsPlan:
         before the pass is issued, outside Loop.replay's capture; None while the caller's
         stream is being captured."""
         S = backward_split(p.H, p.D, p.dtype.itemsize, p.math)
-        if S == 1 or self.wide(p, True) or not loop.has_gemm_pointers() \
+        if S == 1 or self.wide(p) or not loop.has_gemm_pointers() \
                 or dev.capturing(dev.cupy()):
             # (under a caller's CUDA graph capture, e.g. torch.cuda.graph, the table could
             # neither be uploaded nor kept for the graph's life: one product a step)
@@ -335,7 +339,7 @@ class StepsPlan:
         W_hh and p.dh0 into it, and product(0) then rounds it into p.dh0."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
-        wide = self.wide(p, True)
+        wide = self.wide(p)
         if start:
             self.start_backward(p)
         if wide:
@@ -357,27 +361,28 @@ class StepsPlan:
         return pointwise, product, dh
 
     def _wide_backward_step(self, loop, p, bufs):
-        """backward_step's calls with wide products (bufs: (dh, dghw, w64) in float64)."""
+        """backward_step's calls with wide products (bufs: (dh, w64) in float64; the gate
+        gradients p.dgi and p.dgh are float64)."""
         T, B, H, D = p.T, p.B, p.H, p.D
         G = 3 * H
-        dh, dghw, w64 = bufs
+        dh, w64 = bufs
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat, True))
         launch = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                             self.backward_args(p, dh, dghw), step_arg="s")
+                             self.backward_args(p, dh), step_arg="s")
 
         def pointwise(s, _keep=bufs):
             if s == T - 1:
-                self._convert(loop, p.w_hh, w64, D * G * H)
-                self._convert(loop, p.dh0, dh, D * B * H)
+                convert(loop, p.w_hh, w64, D * G * H)
+                convert(loop, p.dh0, dh, D * B * H)
             launch(s)
-        w, g, c = w64.data.ptr, dghw.data.ptr, dh.data.ptr
+        w, dgh, c = w64.data.ptr, p.dgh.data.ptr, dh.data.ptr
 
         def product(s, _keep=bufs):
-            # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dghw[d]' (3H, B)
-            loop.gemm(False, False, H, B, G, w, H, G * H, g, G, B * G, 1.0, c, H, B * H, D,
-                      wide=True)
+            # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
+            loop.gemm(False, False, H, B, G, w, H, G * H, dgh + s * B * G * 8, G, T * B * G,
+                      1.0, c, H, B * H, D, wide=True)
             if s == 0:
-                self._convert(loop, dh, p.dh0, D * B * H)
+                convert(loop, dh, p.dh0, D * B * H)
         return pointwise, product, p.dh0
 
     @staticmethod
@@ -412,7 +417,7 @@ class StepsPlan:
         """Fills p.dgi, p.dgh and p.dh0: the T steps, replayed from a CUDA graph on a
         repeated call (Loop.replay)."""
         self.start_backward(p)
-        wide = self.wide(p, True)
+        wide = self.wide(p)
         bufs = self._buffers(p, wide, True)
         split = self.split_product(loop, p)
 
@@ -422,7 +427,7 @@ class StepsPlan:
             for s in range(p.T - 1, -1, -1):
                 pointwise(s)
                 product(s)
-        args = self.backward_args(p, *bufs[:2]) if wide else self.backward_args(p, p.dh0)
+        args = self.backward_args(p, bufs[0] if wide else p.dh0)
         loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D, wide, args, p.dh0,
                                   bufs, p.w_hh, split), issue)
 

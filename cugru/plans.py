@@ -119,7 +119,9 @@ def backward_recurrence(dy, dh_n, saved, plan):
                          "use plans.backward")
     backward_args(dy, dh_n, saved)
     _float_data(saved.x.dtype, "backward_recurrence")
-    p = _passes.BackwardPass(dy, dh_n, saved)
+    T, B, I, H, D = saved.dims
+    p = _passes.BackwardPass(dy, dh_n, saved, wide=_passes.wide_pass(
+        plan, B, H, dy.dtype, "strict", saved.quant is not None, backward=True))
     return p, _passes.run_recurrence(p, plan)
 
 
@@ -148,12 +150,13 @@ def step_pieces(T, B, I, H, D, dtype=np.float32, seed=1):
     r = lambda *s: cp.asarray(rng.uniform(-0.5, 0.5, s).astype(dt))  # noqa: E731
     a = forward_args(r(T, B, I), None, r(D, 3 * H, I), r(D, 3 * H, H), r(D, 3 * H),
                      r(D, 3 * H), D == 2, True)
-    fwd = _passes.ForwardPass(a)
+    fwd = _passes.ForwardPass(a, wide=_passes.wide_pass(STEPS, B, H, dt, "strict"))
     fwd.hs[...] = r(D, T + 1, B, H)
     fwd.gi[...] = r(T, B, D, 3 * H)
     fwd.gates[...] = cp.asarray(rng.uniform(0.1, 0.9, (D, T, B, 4 * H)).astype(dt))
     saved = _passes.GruSaved(a.x, a.w_ih, a.w_hh, fwd.hs, fwd.gates, False)
-    bwd = _passes.BackwardPass(r(T, B, D * H), None, saved)
+    bwd = _passes.BackwardPass(r(T, B, D * H), None, saved,
+                               wide=_passes.wide_pass(STEPS, B, H, dt, "strict", backward=True))
     loop = _device.Loop(dt)      # (its pointer mode stays host, cuBLAS' default)
     f_product, f_pointwise = STEPS.forward_step(loop, fwd)
     b_pointwise, b_product, _ = STEPS.backward_step(loop, bwd)

@@ -935,9 +935,10 @@ def _wide_gpu():
 @pytest.mark.parametrize("B,H,bi,lengths", [(16, 512, False, False), (17, 515, True, True),
                                             (128, 512, True, False), (130, 522, False, True)])
 def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
-    """path="steps" on float32 data under math="strict" where wide_products holds: every
-    recurrent product of the forward pass (from 16 rows) and of the backward pass (from
-    128) goes through the loop's float64 GEMM; each saved hn (W_hn h + b_hn) lies within
+    """path="steps" on float32 data under math="strict" where wide_products holds: the
+    projection and every recurrent product of the forward pass (from 16 rows), and of the
+    backward pass with its tail (from 128), go through the loop's float64 GEMM; each saved
+    hn (W_hn h + b_hn) lies within
     half an ulp of the float64 product plus half an ulp of its sum with the bias (the
     product rounded once), which the float32 products (WIDE off) miss; the results are the
     oracle's, and the same bits on a second and third run (CUDA graph replays)."""
@@ -975,14 +976,60 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
     calls.clear()
     plans.clear_graphs()
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
-    # (below 128 rows the backward product is float32's split one: Loop.gemm_pointers)
-    recurrent = {(3 * H, B, H): True, **({(H, B, 3 * H): True} if B >= 128 else {})}
-    assert {mnk for mnk, _ in calls} >= set(recurrent)
-    assert all(w == recurrent.get(mnk, False) for mnk, w in calls)
+    # (below 128 rows the backward product is float32's split one, Loop.gemm_pointers,
+    # and the tail float32's)
+    D, G = (2 if bi else 1), 3 * H
+    widened = {(3 * H, B, H), (D * G, T * B, I)}
+    if B >= 128:
+        widened |= {(H, B, G), (I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B),
+                    (G, 1, T * B), (I, T * B, D * G)}
+    assert {mnk for mnk, _ in calls} >= widened
+    assert all(w == (mnk in widened) for mnk, w in calls)
     _check(got, p, np.float32)
     for _ in range(2):
         again = [cp.asnumpy(a) for a in run(g, path="steps")]
         assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+@pytest.mark.parametrize("T,B,I,H,bi,lengths", [(3, 128, 5, 512, True, False),
+                                                 (4, 130, 7, 522, False, True)])
+def test_wide_tail_rounds_each_float64_product_once(cp, rng, monkeypatch, T, B, I, H, bi,
+                                                    lengths):
+    """A wide backward pass (wide_products, from 128 rows) stores its gate gradients as
+    float64, and its tail's every result (dx, dW_ih, dW_hh, db_ih, db_hh) lies within half
+    an ulp of the float64 product (or sum) of those gate gradients and the float32 operands
+    (plus the float64 sums' own rounding): each product rounded once. The float32 tail
+    (WIDE off) misses that bound."""
+    if not _wide_gpu():
+        pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
+    g = to_gpu(cp, cast(problem(rng, T, B, I, H, bi, lengths=lengths), np.float32))
+    D = 2 if bi else 1
+
+    def errors(wide):
+        monkeypatch.setattr(_plan, "WIDE", wide)
+        plans.clear_graphs()
+        _, _, saved = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=bi,
+                                        lengths=g.get("lengths"), path="steps")
+        pas, _ = plans.backward_recurrence(g["dy"], None, saved, plans.STEPS)
+        assert (pas.dgi.dtype == np.float64) == wide and pas.dgh.dtype == pas.dgi.dtype
+        got = [cp.asnumpy(a) for a in plans.backward_tail(pas)]
+        dgi = cp.asnumpy(pas.dgi).astype(np.float64)              # (T, B, D, 3H)
+        dgh = cp.asnumpy(pas.dgh).astype(np.float64)              # (D, T, B, 3H)
+        x = cp.asnumpy(g["x"]).astype(np.float64)
+        w_ih = cp.asnumpy(g["w_ih"]).astype(np.float64).reshape(D, 3 * H, I)
+        hs = cp.asnumpy(saved.hs)[:, :T].astype(np.float64)       # (D, T, B, H)
+        ones = np.ones((T, B, 1))
+        out = []
+        for a, eq, b in ((dgi, "tbdg,dgi->tbi", w_ih), (dgi, "tbdg,tbi->dgi", x),
+                         (dgh, "dtbg,dtbh->dgh", hs), (dgi, "tbdg,tbi->dg", ones),
+                         (dgh, "dtbg,tbi->dg", ones)):
+            ref, mag = np.einsum(eq, a, b), np.einsum(eq, np.abs(a), np.abs(b))
+            bound = np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64) / 2 \
+                + 4 * T * B * 3 * H * D * 2.0 ** -53 * mag
+            out.append(np.abs(got.pop(0).reshape(ref.shape) - ref) / bound)
+        return out
+    assert max(e.max() for e in errors(False)) > 1
+    assert all(e.max() <= 1 for e in errors(True))
 
 
 @pytest.mark.parametrize("dtype,top", [(np.float32, 256), (np.float64, 128)], ids=["f32", "f64"])

@@ -221,14 +221,14 @@ def _sigmoid(v):
 
 def forward_step(train):
     """gru_forward_step<T, TRAIN, QAT, P>, one direction d per loop turn, all (b, j) at once;
-    with P = double (hw given) the product read is rounded to T first, and h after the step
-    also goes widened into slot (s + 1) % 2 of hw."""
+    with P = double (hw given) the projection and the product read are rounded to T first,
+    and h after the step also goes widened into slot (s + 1) % 2 of hw."""
     def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, hw, lengths,
             steps, B, H, S, s):
         D = grid[1]
-        assert (hw is None) == (gh.dtype == gi.dtype)
-        gi, b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (gi, b_ih, b_hh, hs, y, gates))
-        gh = gh.reshape(-1).astype(gi.dtype)
+        assert gi.dtype == gh.dtype and (hw is None) == (gh.dtype == hs.dtype)
+        b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (b_ih, b_hh, hs, y, gates))
+        gi, gh = (a.reshape(-1).astype(hs.dtype) for a in (gi, gh))
         BH, H3 = B * H, 3 * H
         for d in range(D):
             i = np.arange(BH)
@@ -280,24 +280,21 @@ def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D, len
     return np.where(on, dh * z, carry)
 
 
-def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, dghw, lengths,
+def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, lengths,
                   steps, B, H, s):
-    """gru_backward_step<T, QAT, P>; with P = double (dghw given) the carried gradient is
-    double (read rounded to T, written widened), and the step's d_gate_h also goes widened
-    into dghw."""
+    """gru_backward_step<T, QAT, P>; with P = double the carried gradient is double (read
+    rounded to T, written widened), and the gate gradients (computed in T) are stored
+    widened."""
     D = grid[1]
-    assert (dghw is None) == (dh.dtype == dgh.dtype)
+    assert dh.dtype == dgi.dtype == dgh.dtype
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
-    BH, G = B * H, 3 * H
+    BH = B * H
     for d in range(D):
         i = np.arange(BH)
         b, j = i // H, i % H
         t = s if d == 0 else steps - 1 - s
-        dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i].astype(dgh.dtype),
+        dh[d * BH + i] = gate_step(dy, gates, hs, dgi, dgh, dh[d * BH + i].astype(hs.dtype),
                                    d, s, t, b, j, steps, B, H, D, lengths)
-        if dghw is not None:
-            dghw.reshape(-1)[d * B * G:(d + 1) * B * G] = \
-                dgh[(d * steps + s) * B * G:(d * steps + s + 1) * B * G]
 
 
 def steps_convert(grid, block, shared_mem, cooperative, out, n, in_stride, **args):
@@ -805,9 +802,9 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     (wide_products, its limits lowered to these shapes, on a stand-in sm_90): W_hh, h0 and
     the carried gradient widened and rounded back, the steps reading and writing their
     widened halves (every buffer in the replay's key) give the oracle's results within
-    float32's tolerance, inference the training pass's; every recurrent product of both
-    passes, and no other, ran in float64. Off (WIDE = False) the same products run in
-    float32."""
+    float32's tolerance, inference the training pass's; the projection, every recurrent
+    product of both passes and the tail's products (dW_ih, dW_hh, the bias sums, dx) ran
+    in float64, and no other product. Off (WIDE = False) they run in float32."""
     from types import SimpleNamespace
 
     from cugru import _plan
@@ -821,7 +818,10 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
                                               lengths=p.get("lengths"))
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
-    recurrent = [(3 * H, B, H, D)] * T + [(H, B, 3 * H, D)] * T
+    G = 3 * H
+    forward = [(D * G, T * B, I, 1)] + [(G, B, H, D)] * T
+    tail = [(I, D * G, T * B, 1), (H, G, T * B, D), (D * G, 1, T * B, 1), (G, 1, T * B, D),
+            (I, T * B, D * G, 1)]
     for wide in (True, False):
         monkeypatch.setattr(_plan, "WIDE", wide)
         HostLoop.wide.clear()
@@ -838,8 +838,8 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
         for a, b in zip(*outs):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-        # (two forward passes, then the backward pass's products: the recurrent ones wide)
-        assert HostLoop.wide == ([(3 * H, B, H, D)] * (2 * T) + recurrent[T:] if wide else [])
+        # (two forward passes, then the backward pass's products)
+        assert HostLoop.wide == (forward * 2 + [(H, B, G, D)] * T + tail if wide else [])
         backward = [q[:4] for q in HostLoop.products]
         assert backward.count((H, B, 3 * H, D)) == T
 

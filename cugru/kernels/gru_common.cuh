@@ -196,20 +196,21 @@ __device__ __forceinline__ void gru_read_history(const T* gates, const T* hs, in
     h = hs[(((long long)d * (steps + 1) + s) * B + b) * H + j];
 }
 
-// the gate gradients of unit j, row b: dgi by time t, dgh by step s
-template <typename T>
-__device__ __forceinline__ void gru_write_backward(T* dgi, T* dgh, T dr, T dz, T dn, T r, int d,
+// the gate gradients of unit j, row b: dgi by time t, dgh by step s (stored as O: T, or
+// double where the per-step path's tail runs in float64)
+template <typename O, typename T>
+__device__ __forceinline__ void gru_write_backward(O* dgi, O* dgh, T dr, T dz, T dn, T r, int d,
                                                    int D, int s, int t, int b, int j, int steps,
                                                    int B, int H) {
     const long long H3 = 3LL * H;
-    T* gi_row = dgi + ((long long)t * B + b) * D * H3 + d * H3;
-    gi_row[j] = dr;
-    gi_row[H + j] = dz;
-    gi_row[2 * H + j] = dn;
-    T* gh_row = dgh + (((long long)d * steps + s) * B + b) * H3;
-    gh_row[j] = dr;
-    gh_row[H + j] = dz;
-    gh_row[2 * H + j] = dn * r;
+    O* gi_row = dgi + ((long long)t * B + b) * D * H3 + d * H3;
+    gi_row[j] = O(dr);
+    gi_row[H + j] = O(dz);
+    gi_row[2 * H + j] = O(dn);
+    O* gh_row = dgh + (((long long)d * steps + s) * B + b) * H3;
+    gh_row[j] = O(dr);
+    gh_row[H + j] = O(dz);
+    gh_row[2 * H + j] = O(dn * r);
 }
 
 // A barrier across `count` blocks through a counter in global memory, in two halves. After a

@@ -8,14 +8,15 @@
 //
 // P is the products' element type: T, or double for float data whose products run in
 // float64 (cugru/_plan.py, wide_products: the operands widened exactly, the sums kept in
-// float64, each product rounded once to float where a cell reads it). Then gh and dh are
-// double, and the kernels also write what the next step's product reads, widened:
+// float64, each product rounded once to float where a cell reads it). Then the projection
+// gi, gh and dh are double; the gate gradients dgi and dgh are stored as double (the tail's
+// products run in float64 on them, and each backward step's product reads dgh's slot); and
+// the forward kernel also writes what the next step's product reads, widened:
 //   hw    (2, D, B, H)   forward: h after step s into slot (s + 1) % 2 (slot 0: h0)
-//   dghw  (D, B, 3H)     backward: the step's d_gate_h (null where P is T)
 #include "gru_common.cuh"
 
 template <typename T, bool TRAIN, bool QAT, typename P>
-__global__ void gru_forward_step(const T* __restrict__ gi, const P* __restrict__ gh,
+__global__ void gru_forward_step(const P* __restrict__ gi, const P* __restrict__ gh,
                                  const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                  T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
                                  P* __restrict__ hw, const int* __restrict__ lengths,
@@ -27,7 +28,7 @@ __global__ void gru_forward_step(const T* __restrict__ gi, const P* __restrict__
     if (i >= BH) return;
     const int b = (int)(i / H), j = (int)(i - (long long)b * H);
     const int t = gru_time(d, steps, s);
-    const T* gi_row = gi + ((long long)t * B + b) * D * H3 + d * H3;
+    const P* gi_row = gi + ((long long)t * B + b) * D * H3 + d * H3;
     const P* gh_row = gh + ((long long)d * B + b) * H3;
     const T* bi = b_ih + d * H3;
     const T* bh = b_hh + d * H3;
@@ -35,8 +36,8 @@ __global__ void gru_forward_step(const T* __restrict__ gi, const P* __restrict__
     const T hn = T(gh_row[2 * H + j]) + bh[2 * H + j];
     T r, z, n;
     const bool run = t < gru_length(lengths, b, steps);
-    const T h_new = gru_cell<QAT>(gi_row[j] + bi[j], gi_row[H + j] + bi[H + j],
-                                  gi_row[2 * H + j] + bi[2 * H + j], T(gh_row[j]) + bh[j],
+    const T h_new = gru_cell<QAT>(T(gi_row[j]) + bi[j], T(gi_row[H + j]) + bi[H + j],
+                                  T(gi_row[2 * H + j]) + bi[2 * H + j], T(gh_row[j]) + bh[j],
                                   T(gh_row[H + j]) + bh[H + j], hn, h, r, z, n, GRU_QUANT(T),
                                   run);
     gru_write_forward<T, TRAIN>(hs, y, gates, h_new, run, r, z, n, hn, d, D, s, t, b, j, steps,
@@ -46,9 +47,9 @@ __global__ void gru_forward_step(const T* __restrict__ gi, const P* __restrict__
 
 template <typename T, bool QAT, typename P>
 __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict__ gates,
-                                  const T* __restrict__ hs, P* dh, T* __restrict__ dgi,
-                                  T* __restrict__ dgh, P* __restrict__ dghw,
-                                  const int* __restrict__ lengths, int steps, int B, int H,
+                                  const T* __restrict__ hs, P* dh, P* __restrict__ dgi,
+                                  P* __restrict__ dgh, const int* __restrict__ lengths,
+                                  int steps, int B, int H,
                                   int s, T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
     const int D = gridDim.y, d = blockIdx.y;
     const long long BH = (long long)B * H;
@@ -64,12 +65,6 @@ __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict_
     const T dhz = gru_cell_backward<QAT>(dhv, r, z, n, hn, h, dr, dz, dn, r_used, GRU_QUANT(T),
                                          run);
     gru_write_backward(dgi, dgh, dr, dz, dn, r_used, d, D, s, t, b, j, steps, B, H);
-    if (dghw) {   // (the values gru_write_backward wrote into dgh, widened)
-        P* w = dghw + ((long long)d * B + b) * 3 * H;
-        w[j] = P(dr);
-        w[H + j] = P(dz);
-        w[2 * H + j] = P(dn * r_used);
-    }
     dh[d * BH + i] = P(dhz);
 }
 
@@ -83,3 +78,4 @@ __global__ void gru_steps_convert(const IN* __restrict__ in, OUT* __restrict__ o
          k += (long long)gridDim.x * blockDim.x)
         out[r * n + k] = OUT(in[r * in_stride + k]);
 }
+
