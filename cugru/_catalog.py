@@ -150,9 +150,11 @@ def _defines(source):
 # (wide: the instance whose products run in float64, float data alone; cugru._plan's
 # wide_products)
 @functools.lru_cache(maxsize=None)
-def step_forward(ctype, train, qat=False, wide=False):
+def step_forward(ctype, train, qat=False, wide=False, narrow_gi=False):
+    # (the last two: the products' and the projection's element types; narrow_gi: the wide
+    # instance that reads the projection in `ctype`, _plan's wide_projection)
     return (f"gru_forward_step<{ctype},{_BOOL[bool(train)]},{_BOOL[bool(qat)]},"
-            f"{'double' if wide else ctype}>")
+            f"{'double' if wide else ctype},{'double' if wide and not narrow_gi else ctype}>")
 
 
 @functools.lru_cache(maxsize=None)
@@ -409,7 +411,10 @@ INSTANCES = {
     "gru_steps.cu": lambda: {**_with_qat(lambda c, q: (
         step_forward(c, False, q), step_forward(c, True, q), step_backward(c, q))),
         WIDE_GROUP: (step_forward("float", False, wide=True),
-                     step_forward("float", True, wide=True), step_backward("float", wide=True),
+                     step_forward("float", True, wide=True),
+                     step_forward("float", False, wide=True, narrow_gi=True),
+                     step_forward("float", True, wide=True, narrow_gi=True),
+                     step_backward("float", wide=True),
                      step_convert("float", "double"), step_convert("double", "float"))},
     "gru_persist.cu": lambda: _with_qat(lambda c, q: (
         n for r in PERSIST_ROWS[ITEMSIZE[c]]

@@ -54,8 +54,8 @@ BIAS_KERNEL_ROWS = 2048
 def wide_pass(plan, B, H, dtype, math, qat=False, backward=False) -> bool:
     """Whether a pass on `plan` is wide: the per-step path with its recurrent products in
     float64 on float32 data (_plan.wide_products). Such a forward pass projects the input
-    in float64 into a float64 gi; such a backward pass stores its gate gradients as float64
-    and runs its tail in float64 (wide_tail)."""
+    in float64 into a float64 gi (where _plan.wide_projection says so); such a backward pass
+    stores its gate gradients as float64 and runs its tail in float64 (wide_tail)."""
     return isinstance(plan, _plan.StepsPlan) and _plan.wide_products(
         B, H, np.dtype(dtype).itemsize, math, qat, backward)
 
@@ -86,8 +86,8 @@ class ForwardPass:
         self.wide = wide
         self.S = S = T + 1 if a.training else 2
         self.gi = self.hs = self.gates = None
-        # (wide: gi in float64, wide_pass)
-        gi_dt = np.float64 if wide else dt
+        # (wide: gi in float64 where the projection is, wide_pass)
+        gi_dt = np.float64 if wide and _plan.wide_projection(I) else dt
         # (training: hs and gates are the saved history; else hs is a temporary)
         if a.training:
             if not whole:
@@ -234,7 +234,7 @@ def run_forward(p, h0, plan, loop=None):
         else:
             dev.copy_bytes(hs + d * S * BH * it, h0.data.ptr + d * BH * it, BH * it)
     # gi' (D*3H, T*B) = W_ih' of both directions (D*3H, I) @ x' (I, T*B), column-major
-    if p.wide:
+    if p.gi.dtype != p.dtype:
         # (x and W_ih widened exactly: the sums in float64, gi kept in float64)
         x64, w64 = dev.scratch("projection wide", np.float64, (T * B * I,), (D * G * I,))
         _plan.convert(loop, p.x, x64, T * B * I)

@@ -157,6 +157,14 @@ WIDE_MIN_ROWS = 16
 WIDE_MIN_H = 512
 WIDE_MAX_H = 1024
 WIDE_BACKWARD_MIN_ROWS = 128
+#: a wide forward pass projects its input in float64 (into a float64 gi) where I is at least
+#: WIDE_MIN_INPUTS, else in float32 as other passes do: the float64 product saves time in
+#: proportion to I, and a float64 gi costs every step a wider read. Measured on one H200
+#: (bench.paths, float32 against float64 projection, inference ms): O3 (I = 128) 0.501
+#: against 0.541, O16 (I = 80) 6.134 against 6.390, O14 (I = 90) 2.123 against 2.158; S8 (I
+#: = 512) 1.154 against 1.122, S9 (I = 1024) 2.566 against 2.436, S10 (I = 512) 2.045
+#: against 1.875. Nothing was measured between I = 128 and 512
+WIDE_MIN_INPUTS = 256
 
 
 def wide_products(B, H, itemsize, math, qat=False, backward=False) -> bool:
@@ -170,6 +178,12 @@ def wide_products(B, H, itemsize, math, qat=False, backward=False) -> bool:
     if B < (WIDE_BACKWARD_MIN_ROWS if backward else WIDE_MIN_ROWS):
         return False
     return dev.device().cc in WIDE_CCS
+
+
+def wide_projection(I) -> bool:
+    """Whether a wide forward pass (wide_products) of I inputs projects them in float64
+    (WIDE_MIN_INPUTS)."""
+    return I >= WIDE_MIN_INPUTS
 
 
 def backward_split(H, D, itemsize, math) -> int:
@@ -258,7 +272,8 @@ class StepsPlan:
             bufs = self._buffers(p, wide)
         gh = bufs[0]
         hw = bufs[1] if wide else None
-        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat, wide))
+        kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat, wide,
+                                                          p.gi.dtype == p.dtype))
         pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
                                 self.forward_args(p, gh, hw), step_arg="s")
         ghp = gh.data.ptr

@@ -48,7 +48,7 @@ def test_tile_kernels_launched_per_arch():
     assert tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,true>", 90)
     assert not tile.launched_on("gru_tile_backward<float,2,8,1,256,1,true,false>", 80)
     assert runtime.source("gru_steps.cu").launched_on(
-        "gru_forward_step<float,true,false,float>", 80)
+        "gru_forward_step<float,true,false,float,float>", 80)
     rows = [{"name": "void " + name.format(1, 512).replace(",", ", ") + "(float*)",
              "spill": (8, 4, 4)}]
     assert compile_check.counted_spills(tile, "sm_90", rows) == rows
@@ -104,9 +104,13 @@ def test_a_call_compiles_only_the_family_it_runs():
                          _catalog.step_backward(c, q))
                      for c in ("float", "double")
                      for q, g in ((False, c), (True, _catalog.qat_group(c)))}
-    assert all(n.endswith(f"false,{c}>") for c in ("float", "double") for n in steps[c])
-    assert wide == ("gru_forward_step<float,false,false,double>",
-                    "gru_forward_step<float,true,false,double>",
+    # (the QAT flag: the third argument forward, the second backward)
+    assert all(n.split(",")[2 if n.startswith("gru_forward") else 1] == "false"
+               for c in ("float", "double") for n in steps[c])
+    assert wide == ("gru_forward_step<float,false,false,double,double>",
+                    "gru_forward_step<float,true,false,double,double>",
+                    "gru_forward_step<float,false,false,double,float>",
+                    "gru_forward_step<float,true,false,double,float>",
                     "gru_backward_step<float,false,double>",
                     "gru_steps_convert<float,double>", "gru_steps_convert<double,float>")
     tile = runtime.source("gru_tile.cu").groups()

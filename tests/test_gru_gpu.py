@@ -931,21 +931,26 @@ def _wide_gpu():
 
 
 # (the forward pass's limits: 16 rows, H = 512; the backward pass's: 128 rows; H not a
-# multiple of 4 or 8, one and two directions, variable lengths)
-@pytest.mark.parametrize("B,H,bi,lengths", [(16, 512, False, False), (17, 515, True, True),
-                                            (128, 512, True, False), (130, 522, False, True)])
-def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
+# multiple of 4 or 8, one and two directions, variable lengths; the projection's: 256
+# inputs)
+@pytest.mark.parametrize("B,H,bi,lengths,I", [(16, 512, False, False, 5),
+                                              (17, 515, True, True, 256),
+                                              (128, 512, True, False, 300),
+                                              (130, 522, False, True, 255)])
+def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, I):
     """path="steps" on float32 data under math="strict" where wide_products holds: the
-    projection and every recurrent product of the forward pass (from 16 rows), and of the
-    backward pass with its tail (from 128), go through the loop's float64 GEMM; each saved
+    recurrent products of the forward pass (from 16 rows) with the projection (from 256
+    inputs), and of the backward pass with its tail (from 128 rows), go through the loop's
+    float64 GEMM; each saved
     hn (W_hn h + b_hn) lies within
     half an ulp of the float64 product plus half an ulp of its sum with the bias (the
     product rounded once), which the float32 products (WIDE off) miss; the results are the
     oracle's, and the same bits on a second and third run (CUDA graph replays)."""
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
-    T, I = 3, 5
+    T = 3
     assert plans.wide_products(B, H, 4, "strict")
+    assert _plan.wide_projection(I) == (I >= 256)
     assert plans.wide_products(B, H, 4, "strict", backward=True) == (B >= 128)
     p = problem(rng, T, B, I, H, bi, lengths=lengths)
     g = to_gpu(cp, cast(p, np.float32))
@@ -979,7 +984,7 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths):
     # (below 128 rows the backward product is float32's split one, Loop.gemm_pointers,
     # and the tail float32's)
     D, G = (2 if bi else 1), 3 * H
-    widened = {(3 * H, B, H), (D * G, T * B, I)}
+    widened = {(3 * H, B, H)} | ({(D * G, T * B, I)} if I >= 256 else set())
     if B >= 128:
         widened |= {(H, B, G), (I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B),
                     (G, 1, T * B), (I, T * B, D * G)}

@@ -205,8 +205,8 @@ class HostKernel:
         # quantization-aware instances are checked against the oracle on the GPU)
         quant = {k: args.pop(k) for k in list(args) if k.startswith("q_")}
         flags = self.name.rstrip(">").split(",")
-        if self.name.startswith(("gru_forward_step", "gru_backward_step")):
-            flags = flags[:-1]      # (the products' element type)
+        while flags[-1] in ("float", "double"):
+            flags = flags[:-1]      # (the products' and the projection's element types)
         if self.name.startswith("gru_tile"):
             # the tile instances' last flag is LEN: only those read lengths
             assert (flags[-1] == "true") == (args["lengths"] is not None), self.name
@@ -220,13 +220,13 @@ def _sigmoid(v):
 
 
 def forward_step(train):
-    """gru_forward_step<T, TRAIN, QAT, P>, one direction d per loop turn, all (b, j) at once;
-    with P = double (hw given) the projection and the product read are rounded to T first,
+    """gru_forward_step<T, TRAIN, QAT, P, GI>, one direction d per loop turn, all (b, j) at
+    once; with P = double (hw given) the projection and the product read are rounded to T first,
     and h after the step also goes widened into slot (s + 1) % 2 of hw."""
     def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, hw, lengths,
             steps, B, H, S, s):
         D = grid[1]
-        assert gi.dtype == gh.dtype and (hw is None) == (gh.dtype == hs.dtype)
+        assert gi.dtype in (gh.dtype, hs.dtype) and (hw is None) == (gh.dtype == hs.dtype)
         b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (b_ih, b_hh, hs, y, gates))
         gi, gh = (a.reshape(-1).astype(hs.dtype) for a in (gi, gh))
         BH, H3 = B * H, 3 * H
@@ -745,8 +745,10 @@ def host_device(monkeypatch):
             runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
         runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
     for train in (True, False):
-        runs["gru_steps.cu", _catalog.step_forward("float", train, wide=True)] = \
-            forward_step(train)
+        for narrow_gi in (False, True):
+            runs["gru_steps.cu", _catalog.step_forward("float", train, wide=True,
+                                                       narrow_gi=narrow_gi)] = \
+                forward_step(train)
     runs.update({("gru_steps.cu", _catalog.step_backward("float", wide=True)): backward_step,
                  ("gru_steps.cu", _catalog.step_convert("float", "double")): steps_convert,
                  ("gru_steps.cu", _catalog.step_convert("double", "float")): steps_convert})
@@ -793,23 +795,26 @@ def host_device(monkeypatch):
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
-@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths", [(3, 2, 4, 5, False, True, False),
-                                                   (4, 3, 2, 3, True, True, True),
-                                                   (5, 1, 3, 2, True, False, False)])
+@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection",
+                         [(3, 2, 4, 5, False, True, False, True),
+                          (4, 3, 2, 3, True, True, True, True),
+                          (5, 1, 3, 2, True, False, False, False)])
 def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
-                                          lengths):
+                                          lengths, projection):
     """The per-step path on float32 data with its recurrent products in float64
     (wide_products, its limits lowered to these shapes, on a stand-in sm_90): W_hh, h0 and
     the carried gradient widened and rounded back, the steps reading and writing their
     widened halves (every buffer in the replay's key) give the oracle's results within
     float32's tolerance, inference the training pass's; the projection, every recurrent
     product of both passes and the tail's products (dW_ih, dW_hh, the bias sums, dx) ran
-    in float64, and no other product. Off (WIDE = False) they run in float32."""
+    in float64 (the projection where wide_projection holds: `projection`, its limit set
+    each side of I), and no other product. Off (WIDE = False) they run in float32."""
     from types import SimpleNamespace
 
     from cugru import _plan
     for name in ("WIDE_MIN_H", "WIDE_MIN_ROWS", "WIDE_BACKWARD_MIN_ROWS"):
         monkeypatch.setattr(_plan, name, 1)
+    monkeypatch.setattr(_plan, "WIDE_MIN_INPUTS", I if projection else I + 1)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=90, id=0))
     p = problem(rng, T, B, I, H, bi, with_h0=h0, lengths=lengths)
@@ -819,7 +824,7 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
     G = 3 * H
-    forward = [(D * G, T * B, I, 1)] + [(G, B, H, D)] * T
+    forward = [(D * G, T * B, I, 1)] * projection + [(G, B, H, D)] * T
     tail = [(I, D * G, T * B, 1), (H, G, T * B, D), (D * G, 1, T * B, 1), (G, 1, T * B, D),
             (I, T * B, D * G, 1)]
     for wide in (True, False):

@@ -8,15 +8,17 @@
 //
 // P is the products' element type: T, or double for float data whose products run in
 // float64 (cugru/_plan.py, wide_products: the operands widened exactly, the sums kept in
-// float64, each product rounded once to float where a cell reads it). Then the projection
-// gi, gh and dh are double; the gate gradients dgi and dgh are stored as double (the tail's
+// float64, each product rounded once to float where a cell reads it). Then gh and dh are
+// double, and so is the projection gi (GI: double, or T where the pass projects in T, for
+// few inputs: cugru/_plan.py, wide_projection); the gate gradients dgi and dgh are stored
+// as double (the tail's
 // products run in float64 on them, and each backward step's product reads dgh's slot); and
 // the forward kernel also writes what the next step's product reads, widened:
 //   hw    (2, D, B, H)   forward: h after step s into slot (s + 1) % 2 (slot 0: h0)
 #include "gru_common.cuh"
 
-template <typename T, bool TRAIN, bool QAT, typename P>
-__global__ void gru_forward_step(const P* __restrict__ gi, const P* __restrict__ gh,
+template <typename T, bool TRAIN, bool QAT, typename P, typename GI>
+__global__ void gru_forward_step(const GI* __restrict__ gi, const P* __restrict__ gh,
                                  const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                  T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
                                  P* __restrict__ hw, const int* __restrict__ lengths,
@@ -28,7 +30,7 @@ __global__ void gru_forward_step(const P* __restrict__ gi, const P* __restrict__
     if (i >= BH) return;
     const int b = (int)(i / H), j = (int)(i - (long long)b * H);
     const int t = gru_time(d, steps, s);
-    const P* gi_row = gi + ((long long)t * B + b) * D * H3 + d * H3;
+    const GI* gi_row = gi + ((long long)t * B + b) * D * H3 + d * H3;
     const P* gh_row = gh + ((long long)d * B + b) * H3;
     const T* bi = b_ih + d * H3;
     const T* bh = b_hh + d * H3;
