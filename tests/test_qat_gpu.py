@@ -192,11 +192,12 @@ def test_a_plain_call_launches_no_quantization_aware_kernel(cp, rng, monkeypatch
                         values(self, *a, **kw))
     p = to_gpu(cp, cast(problem(rng, 6, 3, 5, 7, True), np.float32))
     def qat_flag(name):
-        # (a tile kernel's last flag is LEN and a per-step one's last argument the products'
-        # type: their QAT flag is the one before)
+        # (a tile kernel's last flag is LEN, a per-step one's last arguments the element
+        # types (forward: the products' and the projection's, backward: the products'):
+        # their QAT flag comes before)
         flags = name.rstrip(">").split(",")
-        return flags[-2 if name.startswith(("gru_tile", "gru_forward_step",
-                                            "gru_backward_step")) else -1]
+        return flags[-3 if name.startswith("gru_forward_step") else
+                     -2 if name.startswith(("gru_tile", "gru_backward_step")) else -1]
 
     for quant, flag in ((None, "false"), (SPECS["w8_x_h_g"], "true")):
         launched.clear()
