@@ -35,8 +35,8 @@ from ._plan import (F64_GRID_AUTO_MAX_WAVES, F64_CLUSTER_AUTO_MAX_WAVES,  # noqa
                     resident_splits,
                     small_chain, small_takes,
                     tile_rank, tile_split, tile_splits, waves, WIDE_BACKWARD_MIN_ROWS,
-                    WIDE_CCS, WIDE_MAX_H, WIDE_MIN_H, WIDE_MIN_ROWS, wide_auto_takes,
-                    wide_products)
+                    WIDE_CCS, WIDE_MAX_H, WIDE_MIN_H, WIDE_MIN_INPUTS, WIDE_MIN_ROWS,
+                    wide_auto_takes, wide_products, wide_projection)
 
 
 __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "PERSIST_ROWS",
@@ -58,7 +58,8 @@ __all__ = ["CLUSTERS", "FOUR_ROW_TILES", "MMA_TILES", "mma_warps", "use_mma", "P
            "forward", "backward_recurrence", "backward_tail", "backward", "step_pieces",
            "use_graphs",
            "clear_graphs", "WIDE_BACKWARD_MIN_ROWS", "WIDE_CCS", "WIDE_MAX_H", "WIDE_MIN_H",
-           "WIDE_MIN_ROWS", "wide_auto_takes", "wide_products"]
+           "WIDE_MIN_INPUTS", "WIDE_MIN_ROWS", "wide_auto_takes", "wide_products",
+           "wide_projection"]
 
 
 def use_graphs(on: bool) -> bool:
