@@ -212,15 +212,18 @@ _ONES: dict = {}
 
 
 def ones(n: int, dtype):
-    """A device vector of n ones, kept per (n, dtype, device) for the bias GEMMs."""
+    """A device vector of n ones for the bias GEMMs: the first n of one vector kept per
+    (dtype, device), made anew (a power of two long) only when a longer one is asked for,
+    so that passes of many lengths keep one vector, not one each. The caller keeps the
+    returned view while its address is used."""
     cp = runtime.cupy_module()
-    key = (n, np.dtype(dtype).char, cp.cuda.runtime.getDevice())
+    key = (np.dtype(dtype).char, cp.cuda.runtime.getDevice())
     vec = _ONES.get(key)
-    if vec is None:
-        vec = cp.ones(n, dtype)
+    if vec is None or vec.size < n:
+        vec = cp.ones(1 << max(n - 1, 1).bit_length(), dtype)
         cp.cuda.get_current_stream().synchronize()   # (filled before any stream reads it)
         _ONES[key] = vec
-    return vec
+    return vec[:n]
 
 
 _HOST_SCALARS: dict = {}

@@ -11,8 +11,9 @@ backward  the plan's recurrence writes d_gate_i by time (dgi), d_gate_h by step 
           No atomics: the same bits every run.
 wide      a float32 pass on the per-step path whose recurrent products run in float64
           (wide_pass) runs these products in float64 too: the projection into a float64
-          gi; the gate gradients stored as float64, then dx, dW_ih, dW_hh and the bias
-          gradients each one product over all rows (``wide_tail``).
+          gi (from _plan.WIDE_MIN_INPUTS inputs); the gate gradients stored as float64,
+          then dx, dW_ih, dW_hh and the bias gradients each one product over all rows
+          (``wide_tail``).
 (The patent behind cugru names the backward steps S1 to S4: the gate gradients of a step,
 the weight gradients, the bias gradients and the input gradient. Here they are called by
 what they compute, apart from the benchmark's shapes S1 to S10.)
@@ -160,7 +161,7 @@ def forward(a, plan, math="strict"):
         dev.copy_bytes(y.data.ptr, p.y.data.ptr, y.nbytes)
         dev.copy_bytes(h_n.data.ptr, p.h_n.data.ptr, h_n.nbytes)
         return y, h_n, None
-    T, B, I, H, D = a.dims
+    B, H = a.dims[1], a.dims[3]
     p = ForwardPass(a, plan.whole_pass, math,
                     wide=wide_pass(plan, B, H, a.x.dtype, math, a.quant is not None))
     run_forward(p, a.h0, plan)
@@ -255,8 +256,8 @@ def backward(dy, dh_n, saved, plan, math="strict"):
     """The backward pass (checked arguments) on `plan`: dx, dh0, dw_ih, dw_hh, db_ih, db_hh
     (`math` as for forward)."""
     p = BackwardPass(dy, dh_n, saved, plan.whole_pass, math,
-                     wide_pass(plan, saved.dims[1], saved.dims[3], dy.dtype, math,
-                               saved.quant is not None, backward=True))
+                     wide=wide_pass(plan, saved.dims[1], saved.dims[3], dy.dtype, math,
+                                    saved.quant is not None, backward=True))
     with dev.Loop(p.dtype, math=p.math) as loop:
         plan.backward(loop, p)
         if plan.whole_pass:
@@ -356,6 +357,7 @@ def weight_grads(loop, p):
     float32. The bias sums take gru_bias_sums (at most BIAS_KERNEL_ROWS rows), else GEMMs
     with a vector of ones in float32 (tensor cores gain nothing on a sum of rows).
     """
+    assert not p.wide, "a wide pass's gate gradients are float64: wide_tail sums them"
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     dt, G, TB = p.dtype, 3 * H, T * B
     it = dt.itemsize

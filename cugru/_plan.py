@@ -218,8 +218,9 @@ class StepsPlan:
     and one pointwise launch (grid axis y = direction); where backward_split splits the
     backward product, one batched call over directions and slices and gru_add_chunks in
     its place (split_product); in a pass made wide (wide_products; the pass's `wide`), the
-    products in float64 on widened operands: the forward kernel reads the projection and
-    the product as float64 and also writes the h the next product reads, widened; the
+    products in float64 on widened operands: the forward kernel reads the product (and,
+    from WIDE_MIN_INPUTS inputs, the projection) as float64 and also writes the h the next
+    product reads, widened; the
     backward kernel stores the gate gradients as float64, and each step's product reads
     that step's d_gate_h there (cugru._passes runs the projection and the tail in float64
     too)."""

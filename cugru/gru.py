@@ -42,11 +42,12 @@ def gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, *, bidirectional=False, training=
     round each result once.
     math: "strict" (every product in float32, or float64 for float64 data: a half call
     then gives the float32 call's results, rounded; on sm_90 the per-step path may run a
-    float32 pass's recurrent products in float64, each rounded once to float32:
-    cugru.plans.wide_products), or "tf32" (float32, float16 and
-    bfloat16 data: cuBLAS' products, the input projection, the per-step path's recurrent
-    products and the backward pass's dx and weight gradients, may round their float32
-    inputs to TF32 on tensor cores, as cuDNN does with TF32 allowed or half data; half
+    float32 pass's products in float64, the recurrent ones, the projection, dx and the
+    weight gradients, each rounded once to float32: cugru.plans.wide_products), or "tf32"
+    (float32, float16 and bfloat16 data: cuBLAS' products, the input projection, the
+    per-step path's recurrent products and the backward pass's dx and weight gradients,
+    may round their float32 inputs to TF32 on tensor cores, as cuDNN does with TF32
+    allowed or half data; half
     values are exact in TF32, the state is rounded; the persistent kernels' recurrence
     stays in float32). None (the default): "tf32" for float16 and bfloat16 data, "strict"
     for float32 and float64. numpy arrays compute strict whatever math says.

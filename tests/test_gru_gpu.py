@@ -941,11 +941,10 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     """path="steps" on float32 data under math="strict" where wide_products holds: the
     recurrent products of the forward pass (from 16 rows) with the projection (from 256
     inputs), and of the backward pass with its tail (from 128 rows), go through the loop's
-    float64 GEMM; each saved
-    hn (W_hn h + b_hn) lies within
-    half an ulp of the float64 product plus half an ulp of its sum with the bias (the
-    product rounded once), which the float32 products (WIDE off) miss; the results are the
-    oracle's, and the same bits on a second and third run (CUDA graph replays)."""
+    float64 GEMM; each saved hn (W_hn h + b_hn) lies within half an ulp of the float64
+    product plus half an ulp of its sum with the bias (the product rounded once), which
+    the float32 products (WIDE off) miss; the results are the oracle's, and the same bits
+    on a second and third run (CUDA graph replays)."""
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
     T = 3

@@ -219,14 +219,15 @@ def _sigmoid(v):
     return 1 / (1 + np.exp(-v))
 
 
-def forward_step(train):
+def forward_step(train, gi_type):
     """gru_forward_step<T, TRAIN, QAT, P, GI>, one direction d per loop turn, all (b, j) at
-    once; with P = double (hw given) the projection and the product read are rounded to T first,
-    and h after the step also goes widened into slot (s + 1) % 2 of hw."""
+    once, the instance whose projection type GI is `gi_type`; with P = double (hw given)
+    the projection and the product read are rounded to T first, and h after the step also
+    goes widened into slot (s + 1) % 2 of hw."""
     def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, hw, lengths,
             steps, B, H, S, s):
         D = grid[1]
-        assert gi.dtype in (gh.dtype, hs.dtype) and (hw is None) == (gh.dtype == hs.dtype)
+        assert gi.dtype == gi_type and (hw is None) == (gh.dtype == hs.dtype)
         b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (b_ih, b_hh, hs, y, gates))
         gi, gh = (a.reshape(-1).astype(hs.dtype) for a in (gi, gh))
         BH, H3 = B * H, 3 * H
@@ -727,8 +728,9 @@ def host_device(monkeypatch):
         empty=lambda shape, dt: np.full(shape, np.nan, dt).view(DevArray),
         zeros=lambda shape, dt: np.zeros(shape, dt).view(DevArray),
         ones=lambda shape, dt: np.ones(shape, dt).view(DevArray))
-    runs = {("gru_steps.cu", _catalog.step_forward("double", True)): forward_step(True),
-            ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False),
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    runs = {("gru_steps.cu", _catalog.step_forward("double", True)): forward_step(True, f64),
+            ("gru_steps.cu", _catalog.step_forward("double", False)): forward_step(False, f64),
             ("gru_steps.cu", _catalog.step_backward("double")): backward_step,
             ("gru_tail.cu", _catalog.sum_chunks("double")): sum_chunks,
             ("gru_tail.cu", _catalog.add_chunks("double")): add_chunks,
@@ -742,13 +744,14 @@ def host_device(monkeypatch):
                 resident_forward(split, train)
             # (the resident kernels are float32's alone: their tests run float32 data, and
             # the per-step path's on it where the plan falls back to it)
-            runs["gru_steps.cu", _catalog.step_forward("float", train)] = forward_step(train)
+            runs["gru_steps.cu", _catalog.step_forward("float", train)] = \
+                forward_step(train, f32)
         runs["gru_resident.cu", _catalog.resident_backward(split)] = resident_backward(split)
     for train in (True, False):
         for narrow_gi in (False, True):
             runs["gru_steps.cu", _catalog.step_forward("float", train, wide=True,
                                                        narrow_gi=narrow_gi)] = \
-                forward_step(train)
+                forward_step(train, f32 if narrow_gi else f64)
     runs.update({("gru_steps.cu", _catalog.step_backward("float", wide=True)): backward_step,
                  ("gru_steps.cu", _catalog.step_convert("float", "double")): steps_convert,
                  ("gru_steps.cu", _catalog.step_convert("double", "float")): steps_convert})

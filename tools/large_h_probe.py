@@ -9,6 +9,10 @@ with history and the backward pass (events around back-to-back calls), the backw
 row chunking (cugru._passes.WGRAD_CHUNKS, WGRAD_PARTIAL_BYTES) varied, each with the
 backward's time and the normwise error of dW_ih and dW_hh against the float64 pass.
 
+The passes run with their products in float32 (cugru._plan.WIDE off): the float32 tail and
+its chunks are what this measures; where a pass is wide its tail runs in float64, in one
+product per result, and has no chunks (tools/tail_probe.py measures those products).
+
 Last, "split TF32" (each float32 operand as a TF32 high part plus a TF32 low part, three
 TF32 products summed on tensor cores: a_hi b_hi + a_lo b_hi + a_hi b_lo) against cuBLAS'
 float32 GEMM on the products of S9 and S10: time, and the normwise error against float64.
@@ -166,7 +170,9 @@ def main(argv):
 
     from bench.offtable import OFF_TABLE
     from bench.shapes import SHAPES
+    from cugru import _plan
     table = {**SHAPES, **{k: v[0] for k, v in OFF_TABLE.items()}}
+    _plan.WIDE = False      # (the float32 products and tail: the module docstring)
     for sid in argv or ["S10", "S9"]:
         step_parts(cp, sid, table[sid])
     split_tf32(cp)

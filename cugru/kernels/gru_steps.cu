@@ -11,9 +11,9 @@
 // float64, each product rounded once to float where a cell reads it). Then gh and dh are
 // double, and so is the projection gi (GI: double, or T where the pass projects in T, for
 // few inputs: cugru/_plan.py, wide_projection); the gate gradients dgi and dgh are stored
-// as double (the tail's
-// products run in float64 on them, and each backward step's product reads dgh's slot); and
-// the forward kernel also writes what the next step's product reads, widened:
+// as double (the tail's products run in float64 on them, and each backward step's product
+// reads dgh's slot); and the forward kernel also writes what the next step's product
+// reads, widened:
 //   hw    (2, D, B, H)   forward: h after step s into slot (s + 1) % 2 (slot 0: h0)
 #include "gru_common.cuh"
 
@@ -80,4 +80,3 @@ __global__ void gru_steps_convert(const IN* __restrict__ in, OUT* __restrict__ o
          k += (long long)gridDim.x * blockDim.x)
         out[r * n + k] = OUT(in[r * in_stride + k]);
 }
-
