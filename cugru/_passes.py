@@ -104,7 +104,9 @@ class ForwardPass:
                 if gi_hs:
                     self.gi, self.hs = gi_hs
                 return
-            if not whole:
+            if not whole and gi_dt == dt:
+                self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
+            elif not whole:
                 self.hs, = dev.scratch("inference", dt, (D, S, B, H))
                 self.gi, = dev.scratch("inference gi", gi_dt, (T, B, D, 3 * H))
             self.y, self.h_n = dev.outputs(dt, *results)

@@ -97,6 +97,12 @@ def overlap(torch, sid, shape, steps, gen):
     print("| " + " | ".join(row) + " |", flush=True)
 
 
+def header(columns):
+    """A markdown table's head of `columns`."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="*", default=["S10", "S9", "S8", "O14", "O16"])
@@ -111,17 +117,16 @@ def main(argv=None):
     gen = torch.Generator(device="cuda").manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
     if "wide" in parts:
-        print("| id | product | m, n, k | float32 µs (TFLOP/s) | float64 µs (TFLOP/s) | "
-              "to float64: a, b; result to float32 (µs) | float32 rms error | "
-              "float64 rounded rms error |")
-        print("|---|---|---|---|---|---|---|---|")
+        header(["id", "product", "m, n, k", "float32 µs (TFLOP/s)", "float64 µs (TFLOP/s)",
+                "to float64: a, b; result to float32 (µs)", "float32 rms error",
+                "float64 rounded rms error"])
         for sid in args.ids:
             wide(torch, sid, ALL[sid][0], args.reps, gen)
     if "overlap" in parts:
-        print("\n| id | steps | steps alone (µs) | dW_ih half alone | steps with it | "
-              "dW_ih with the steps | the same, steps' stream of the same priority: steps "
-              "alone | dW_ih alone | steps with it | dW_ih with them |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print()
+        header(["id", "steps", "steps alone (µs)", "dW_ih half alone", "steps with it",
+                "dW_ih with the steps", "the same, steps' stream of the same priority: steps "
+                "alone", "dW_ih alone", "steps with it", "dW_ih with them"])
         for sid in args.ids:
             overlap(torch, sid, ALL[sid][0], args.steps, gen)
     return 0
