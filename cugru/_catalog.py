@@ -355,6 +355,8 @@ def cluster_barrier_probe(cluster):
 
 
 COUNTER_BARRIER_PROBE = "gru_counter_barrier_probe"
+#: the cell's float sigmoid and tanh against double (tools/cell_probe.py, a GPU test)
+CELL_ERROR_PROBE = "gru_cell_error_probe"
 
 
 def tile_runs_on(tile, cc: int) -> bool:
@@ -430,7 +432,7 @@ INSTANCES = {
     "gru_cast.cu": lambda: {"cast": tuple(n for f in HALF_FORMATS
                                           for n in (widen(f), narrow(f)))},
     "gru_probes.cu": lambda: {"probes": tuple(cluster_barrier_probe(n) for n in CLUSTERS)
-                              + (COUNTER_BARRIER_PROBE,)},
+                              + (COUNTER_BARRIER_PROBE, CELL_ERROR_PROBE)},
 }
 
 SOURCES = {

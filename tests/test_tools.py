@@ -70,6 +70,9 @@ def test_the_tile_diagnostic_s_patches_still_apply_to_the_kernel_source():
     diag = _tool("gru_tile_diag.py")
     src = runtime.source("gru_tile.cu").text()
     assert len(diag.variants(src)) == 6 and len(diag.grid_variants(src)) == 5
+    for kind in ("ieee", "fast"):   # (the float cell's functions renamed out of the way)
+        out = diag.cell_variant(src, kind)
+        assert "gru_sigmoid<float>(" not in out and "gru_tanh<float>(" not in out
     for marks in (diag.FORWARD_MARKS, diag.BACKWARD_MARKS):
         assert diag.clock_source(src, marks).count("GRU_MARK(") == len(marks) + 1
 

@@ -31,6 +31,28 @@ def _patch(src, old, new, count=1):
     return out
 
 
+#: the float cell's sigmoid and tanh as built (gru_common.cuh), to be renamed out of the way
+_SIGMOID = "template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {"
+_TANH = "template <> __device__ __forceinline__ float gru_tanh<float>(float v) {"
+
+
+def cell_variant(src, kind):
+    """`src` with the float cell's sigmoid and tanh replaced: "ieee", by expf and a division
+    and by tanhf (the generic templates); "fast", by __expf and __fdividef and by
+    tanh.approx (134 ulp off)"""
+    off = "__device__ __forceinline__ float gru_{}_off(float v) {{"
+    out = _patch(_patch(src, _SIGMOID, off.format("sigmoid")), _TANH, off.format("tanh"))
+    if kind == "fast":
+        out = _patch(out, "return T(1) / (T(1) + ck_exp(-v));",
+                     "return __fdividef(T(1), T(1) + __expf(-v));")
+        out = _patch(out, "T gru_tanh(T v) { return ck_tanh(v); }",
+                     "T gru_tanh(T v) { float t; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(t)"
+                     " : \"f\"(float(v))); return t; }")
+    else:
+        assert kind == "ieee", kind
+    return out
+
+
 def variants(src):
     """block and cluster scope"""
     out = {"as built": src}
@@ -40,11 +62,7 @@ def variants(src):
     no_io = _patch(no_io, "            if (C > 0) fetch(s + GRU_TILE_AHEAD);",
                    "            if (C > 0) gru_copy_commit();")
     out["no outputs, no loads"] = no_io
-    fast = _patch(no_io, "return T(1) / (T(1) + ck_exp(-v));",
-                  "return __fdividef(T(1), T(1) + __expf(-v));")
-    fast = _patch(fast, "    n = ck_tanh(x_n + r * hn);",
-                  "    { float t; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(t)"
-                  " : \"f\"(float(x_n + r * hn))); n = t; }")
+    fast = cell_variant(no_io, "fast")
     out["... and fast math"] = fast
     nopw = _patch(fast, """                h_new = gru_cell<QAT>(x[0] + bias[0], x[J] + bias[J], x[2 * J] + bias[2 * J],
                                       gh[0] + bias[3 * J], gh[1] + bias[4 * J], hn,

@@ -28,8 +28,60 @@
 // the benchmark). Constants shared with Python (GRU_*) are rendered from cugru/_catalog.py.
 #include "common.cuh"
 
+// ---- the cell's sigmoid and tanh. double: exp, an IEEE division and tanh. float: from the
+// chip's 2^x and 1/x approximations (ex2.approx, rcp.approx) made accurate again around them,
+// so that the cell's critical path (r's sigmoid, then n's tanh) is short and has no branch.
+// Over every float32 input both stay within a few ulp of the exact value, as close as expf, a
+// division and tanhf are (the bounds are measured by tools/cell_probe.py and held by a GPU test,
+// test_gru_gpu's test_cell_functions_are_accurate); NaN stays NaN, and the modules are built
+// with subnormals flushed to zero.
 template <typename T> __device__ __forceinline__ T gru_sigmoid(T v) {
     return T(1) / (T(1) + ck_exp(-v));
+}
+template <typename T> __device__ __forceinline__ T gru_tanh(T v) { return ck_tanh(v); }
+
+__device__ __forceinline__ float gru_ex2(float t) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+    return r;
+}
+// 1/d to about half an ulp: the approximate reciprocal and one Newton step (d finite, not 0)
+__device__ __forceinline__ float gru_rcp(float d) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
+    return fmaf(y, fmaf(-d, y, 1.0f), y);
+}
+// 1 / (1 + e^-v), e^-v = 2^(t + c): t = -v log2(e) rounded, c its rounding error (a product's
+// error is exact in an FMA) plus -v times the error of log2(e) in float; 2^(t + c) =
+// 2^t (1 + c ln 2) to within c^2. v is clamped to [-88, 88] first, where sigmoid is 0 and 1 in
+// float32 (the comparisons keep NaN), so that t, c and 1 + e^-v stay finite.
+template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {
+    const float u = v < -88.0f ? -88.0f : (v > 88.0f ? 88.0f : v);
+    const float t = -u * 1.44269504f;
+    const float c = fmaf(-u, 1.92596299e-8f, fmaf(-u, 1.44269504f, -t));
+    const float e = gru_ex2(t);
+    return gru_rcp(1.0f + fmaf(e, c * 0.693147181f, e));
+}
+// tanh(v): below |v| = GRU_TANH_SMALL the odd polynomial v + v^3 P(v^2) (a least-squares fit
+// of relative error, weighted toward its largest), above it sign(v) (1 - 2 / (e^2|v| + 1)) with
+// |v| clamped at 10 (tanh is 1 in float32 beyond 9.1): both computed, one selected, so that a
+// warp whose lanes fall on either side runs no branch twice. NaN fails |v| < GRU_TANH_SMALL and
+// stays NaN in the second form.
+#define GRU_TANH_SMALL 0.9f
+template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
+    const float a = fabsf(v), s = v * v;
+    float p = -4.68006183e-4f;
+    p = fmaf(p, s, 2.61745276e-3f);
+    p = fmaf(p, s, -8.30238406e-3f);
+    p = fmaf(p, s, 2.16838941e-2f);
+    p = fmaf(p, s, -5.39348796e-2f);
+    p = fmaf(p, s, 1.33330494e-1f);
+    p = fmaf(p, s, -3.33333254e-1f);
+    const float small = fmaf(v * s, p, v);
+    const float b = a > 10.0f ? 10.0f : a;
+    const float e = gru_ex2(b * 2.88539008f);
+    const float big = copysignf(fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f), v);
+    return a < GRU_TANH_SMALL ? small : big;
 }
 
 // the step's time index in direction d
@@ -105,14 +157,14 @@ __device__ __forceinline__ T gru_cell(T x_r, T x_z, T x_n, T h_r, T h_z, T hn, T
     r = gru_sigmoid(x_r + h_r);
     z = gru_sigmoid(x_z + h_z);
     if constexpr (!QAT) {
-        n = ck_tanh(x_n + r * hn);
+        n = gru_tanh(x_n + r * hn);
         return run ? (T(1) - z) * n + z * h : h;
     } else {
         bool in;
         const bool g = q.flags & 2;
         T rq = r;
         if (g) rq = gru_fq_rz(r, in);
-        n = ck_tanh(x_n + rq * hn);
+        n = gru_tanh(x_n + rq * hn);
         T zq = z, nq = n;
         if (g) {
             zq = gru_fq_rz(z, in);
