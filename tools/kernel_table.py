@@ -1,12 +1,15 @@
 """Where a train step's device time goes: the kernels of one step, by total time.
 
-    python tools/kernel_table.py [ids] [--rows N]
+    python tools/kernel_table.py [ids] [--rows N] [--inference] [--dtype float64] [--cudnn]
 
 For each shape id of bench.paths' table: three train steps (path="auto", gru_forward then
-gru_backward, after warm-up steps) under torch.profiler, whose CUDA trace (CUPTI) records
-every kernel of the process: ours, CuPy's and cuBLAS'. Prints the last step's span, the
-device's busy and idle time in it, and its kernels grouped by name (total µs, calls, µs a
-call), the longest first. GPU and torch needed.
+gru_backward, after warm-up steps; with --inference three inference calls) under
+torch.profiler, whose CUDA trace (CUPTI) records every kernel of the process: ours, CuPy's
+and cuBLAS'. Prints the last step's span, the device's busy and idle time in it, the wall
+time of a call among 200 back to back (where it is well above the busy time, the host sets
+the pace), and its kernels grouped by name (total µs, calls, µs a call), the longest first.
+With --cudnn, torch.nn.GRU's call on cuDNN (TF32 off) the same way after ours. GPU and
+torch needed.
 """
 import argparse
 import os
@@ -19,7 +22,7 @@ STEPS = 3
 
 
 def step_kernels(torch, train):
-    """The device events (name, start, end µs) of the last of STEPS train steps."""
+    """The device events (name, start, end µs) of the last of STEPS calls of `train`."""
     from torch.profiler import ProfilerActivity, profile
     import cupy as cp
     for _ in range(4):
@@ -34,32 +37,57 @@ def step_kernels(torch, train):
     return events[-(len(events) // STEPS):]
 
 
+def wall_us(fn, sync, n=200):
+    """wall µs a call of `fn` among n back to back (after 20), the device synchronized at
+    the ends"""
+    import time
+    for _ in range(20):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="*", default=["S10"])
     ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--inference", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    ap.add_argument("--cudnn", action="store_true")
     args = ap.parse_args(argv)
     import cupy as cp
+    import numpy as np
     import torch
 
-    from bench.gru import ours_calls
+    from bench.gru import ours_calls, torch_gru_calls
     from bench.paths import ALL
     from bench.shapes import make_problem
+    which = 1 if args.inference else 0
     for sid in args.ids:
-        train, _ = ours_calls(make_problem(*ALL[sid][0]), cp)
-        events = step_kernels(torch, train)
-        span = events[-1][2] - events[0][1]
-        groups = {}
-        for name, start, end in events:
-            g = groups.setdefault(name, [0, 0.0])
-            g[0] += 1
-            g[1] += end - start
-        busy = sum(t for _, t in groups.values())
-        print(f"\n{sid}: {len(events)} kernels a step, span {span:.1f} µs, busy {busy:.1f}, "
-              f"idle {span - busy:.1f}\n")
-        print("| kernel | µs | calls | µs a call |\n|---|---|---|---|")
-        for name, (n, t) in sorted(groups.items(), key=lambda g: -g[1][1])[:args.rows]:
-            print(f"| `{name[:90]}` | {t:.1f} | {n} | {t / n:.2f} |")
+        p = make_problem(*ALL[sid][0], dtype=np.dtype(args.dtype))
+        calls = [("ours", ours_calls(p, cp)[which], cp.cuda.Device().synchronize)]
+        if args.cudnn:
+            fn = torch_gru_calls(torch, p, "cuda", False, getattr(torch, args.dtype))[which]
+            calls.append(("cuDNN", fn, torch.cuda.synchronize))
+        for who, fn, sync in calls:
+            events = step_kernels(torch, fn)
+            span = events[-1][2] - events[0][1]
+            groups = {}
+            for name, start, end in events:
+                g = groups.setdefault(name, [0, 0.0])
+                g[0] += 1
+                g[1] += end - start
+            busy = sum(t for _, t in groups.values())
+            print(f"\n{sid} {args.dtype} {'inference' if which else 'train step'}, {who}: "
+                  f"{len(events)} kernels a call, span {span:.1f} µs, busy {busy:.1f}, idle "
+                  f"{span - busy:.1f}; wall {wall_us(fn, sync):.1f} µs a call\n")
+            print("| kernel | µs | calls | µs a call |\n|---|---|---|---|")
+            for name, (n, t) in sorted(groups.items(), key=lambda g: -g[1][1])[:args.rows]:
+                print(f"| `{name[:90]}` | {t:.1f} | {n} | {t / n:.2f} |")
     return 0
 
 
