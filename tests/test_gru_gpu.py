@@ -1056,29 +1056,29 @@ def test_long_sequence_stays_finite(cp, path):
 
 #: the cell's float functions over every float32 input, largest error in ulps of the exact
 #: value (tools/cell_probe.py; measured on an H200 at 4.45 and 1.36, the IEEE forms 3.43
-#: and 1.82: docs/performance.md)
-CELL_ULPS = {"sigmoid": 4.5, "tanh": 1.5}
+#: and 1.82: docs/performance.md). The sigmoid rests on the chip's ex2 and rcp, whose
+#: errors other chips may not share: its bound leaves half an ulp.
+CELL_ULPS = {"sigmoid": 5.0, "tanh": 1.5}
 
 
 def test_cell_functions_are_accurate(cp):
     """The float cell's sigmoid and tanh (gru_common.cuh: from the chip's ex2 and rcp
     approximations) against double on all 2^32 float32 inputs: within CELL_ULPS, no result
-    NaN where the exact value is not (or the other way), and below FLT_MIN (flushed to
-    zero) within FLT_MIN. The IEEE forms run beside them, so the probe's bounds are seen
-    to measure something: expf and a division miss 1 ulp, tanhf 1.5."""
+    NaN where the exact value is not (or the other way), no zero of the wrong sign (tanh(-0)
+    is -0), and below FLT_MIN (flushed to zero) within FLT_MIN. The IEEE forms run beside
+    them, so the probe is seen to measure something: neither is exact."""
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                         "cell_probe.py")
     spec = importlib.util.spec_from_file_location("cell_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    errors, nan = probe.cell_errors()
-    assert nan == 0
+    errors = probe.cell_errors()
     tiny = np.finfo(np.float32).tiny
     for name, most in CELL_ULPS.items():
-        ulps, below = errors[name]
-        assert ulps <= most and below <= tiny, (name, errors[name])
-    assert errors["sigmoid, IEEE form"][0] > 1 and errors["tanh, IEEE form"][0] > 1.5, errors
+        ulps, below, bad = errors[name]
+        assert ulps <= most and below <= tiny and bad == 0, (name, errors[name])
+    assert errors["sigmoid, IEEE form"][0] > 0.5 and errors["tanh, IEEE form"][0] > 0.5, errors
 
 
 def test_numpy_mixed_with_cupy_is_a_type_error(cp, rng):

@@ -322,3 +322,13 @@ def test_the_resident_ab_tool_times_the_splits_that_fit(capsys):
     with pytest.raises(SystemExit) as e:
         tool.main(["S9", "Q3"])
     assert e.value.code == 2 and "Q3" in capsys.readouterr().err
+
+
+def test_kernel_table_counts_overlapping_kernels_once():
+    """tools/kernel_table.py: a call's span runs from its first start to its last end, and
+    its busy time counts the time two kernels on two streams overlap once."""
+    table = _tool("kernel_table.py")
+    events = [("a", 0.0, 10.0), ("b", 5.0, 12.0), ("c", 20.0, 25.0), ("d", 21.0, 22.0),
+              ("e", 1.0, 30.0)]
+    assert table.span_busy(events) == (30.0, 30.0)
+    assert table.span_busy(events[:4]) == (25.0, 17.0)

@@ -5,11 +5,13 @@
 
 Accuracy: the kernel gru_cell_error_probe (cugru/kernels/gru_probes.cu) runs the cell's
 functions as built (gru_common.cuh: the chip's ex2 and rcp approximations, made accurate
-again around them) and their IEEE forms (expf and a division; tanhf) on all 2^32 float32
-bit patterns (and on those of |v| <= 16 alone) and prints the largest error of each against
-double, in units of the last place of the exact value (where it is a normal float32), the
-largest absolute error where the exact value is smaller, and the count of NaN
-disagreements.
+again around them), their IEEE forms (expf and a division; tanhf) and the fast intrinsics
+(__expf and __fdividef; tanh.approx) on all 2^32 float32 bit patterns (and on those of |v|
+<= 16 alone) and prints the largest error of each against double, in units of the last
+place of the exact value (where it is a normal float32), the largest absolute error where
+the exact value is smaller (subnormal inputs are taken at their own value), and the count
+of results that are NaN against a number or the other way round, or a zero of the wrong
+sign.
 
 Time: each shape's forward (inference) tile kernel of its plan (as tools/gru_tile_diag.py
 builds it), compiled three ways: as built, with the IEEE cell, and with the fast intrinsics
@@ -25,24 +27,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-FUNCTIONS = ("sigmoid", "tanh", "sigmoid, IEEE form", "tanh, IEEE form")
+FUNCTIONS = ("sigmoid", "tanh", "sigmoid, IEEE form", "tanh, IEEE form", "sigmoid, fast form",
+             "tanh, fast form")
 
 
 def cell_errors(first=0, stride=1, count=1 << 32):
-    """{function: (largest ulps, largest absolute error below FLT_MIN)} and the NaN
-    disagreements, over the inputs first + i * stride (i < count)"""
+    """{function: (largest ulps, largest absolute error below FLT_MIN, disagreements: NaN
+    or a zero's sign)} over the inputs first + i * stride (i < count)"""
     import cupy as cp
 
     import cugru  # noqa: F401  (registers the sources)
     from cugru import _catalog
     from cukernels import runtime
     kern = runtime.kernel("gru_probes.cu", _catalog.CELL_ERROR_PROBE)
-    out = cp.zeros(9, cp.uint64)
+    F = len(FUNCTIONS)
+    out = cp.zeros(3 * F, cp.uint64)
     blocks = cp.cuda.Device().attributes["MultiProcessorCount"] * 8
     kern.launch((blocks,), (256,), {"first": first, "stride": stride, "count": count, "out": out})
     v = cp.asnumpy(out)
-    f = v[:8].view(np.float64)
-    return {name: (float(f[k]), float(f[4 + k])) for k, name in enumerate(FUNCTIONS)}, int(v[8])
+    f = v[:2 * F].view(np.float64)
+    return {name: (float(f[k]), float(f[F + k]), int(v[2 * F + k]))
+            for k, name in enumerate(FUNCTIONS)}
 
 
 def main(argv):
@@ -51,11 +56,11 @@ def main(argv):
                           ("|v| <= 16", [(0, small), (0x80000000, small)])):
         parts = [cell_errors(first, count=count) for first, count in ranges]
         print(f"{label}: largest error in ulps (exact value >= FLT_MIN), largest absolute "
-              "error below it")
+              "error below it, disagreements (NaN, a zero's sign)")
         for name in FUNCTIONS:
-            ulps, tiny = (max(p[0][name][k] for p in parts) for k in (0, 1))
-            print(f"  {name:20s} {ulps:8.3f} ulp   {tiny:.3g}")
-        print(f"  NaN disagreements: {sum(p[1] for p in parts)}")
+            ulps, tiny = (max(p[name][k] for p in parts) for k in (0, 1))
+            bad = sum(p[name][2] for p in parts)
+            print(f"  {name:20s} {ulps:10.3f} ulp   {tiny:.3g}   {bad}")
     if argv:
         step_times(argv)
 

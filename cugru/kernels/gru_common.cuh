@@ -31,10 +31,10 @@
 // ---- the cell's sigmoid and tanh. double: exp, an IEEE division and tanh. float: from the
 // chip's 2^x and 1/x approximations (ex2.approx, rcp.approx) made accurate again around them,
 // so that the cell's critical path (r's sigmoid, then n's tanh) is short and has no branch.
-// Over every float32 input both stay within a few ulp of the exact value, as close as expf, a
-// division and tanhf are (the bounds are measured by tools/cell_probe.py and held by a GPU test,
-// test_gru_gpu's test_cell_functions_are_accurate); NaN stays NaN, and the modules are built
-// with subnormals flushed to zero.
+// Over every float32 input both stay within a few ulp of the exact value, the sigmoid within
+// about 1 ulp of expf with a division, the tanh closer than tanhf (measured by
+// tools/cell_probe.py, bounded by a GPU test, test_gru_gpu's test_cell_functions_are_accurate);
+// NaN stays NaN, and the modules are built with subnormals flushed to zero.
 template <typename T> __device__ __forceinline__ T gru_sigmoid(T v) {
     return T(1) / (T(1) + ck_exp(-v));
 }
@@ -53,8 +53,9 @@ __device__ __forceinline__ float gru_rcp(float d) {
 }
 // 1 / (1 + e^-v), e^-v = 2^(t + c): t = -v log2(e) rounded, c its rounding error (a product's
 // error is exact in an FMA) plus -v times the error of log2(e) in float; 2^(t + c) =
-// 2^t (1 + c ln 2) to within c^2. v is clamped to [-88, 88] first, where sigmoid is 0 and 1 in
-// float32 (the comparisons keep NaN), so that t, c and 1 + e^-v stay finite.
+// 2^t (1 + c ln 2) to within c^2. v is clamped to [-88, 88] first, beyond which sigmoid is 1
+// or, flushed to zero, 0 in float32 (as it is from v = -87.34 on; the comparisons keep NaN), so
+// that t, c and 1 + e^-v stay finite.
 template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {
     const float u = v < -88.0f ? -88.0f : (v > 88.0f ? 88.0f : v);
     const float t = -u * 1.44269504f;
@@ -65,11 +66,12 @@ template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {
 // tanh(v): below |v| = GRU_TANH_SMALL the odd polynomial v + v^3 P(v^2) (a least-squares fit
 // of relative error, weighted toward its largest), above it sign(v) (1 - 2 / (e^2|v| + 1)) with
 // |v| clamped at 10 (tanh is 1 in float32 beyond 9.1): both computed, one selected, so that a
-// warp whose lanes fall on either side runs no branch twice. NaN fails |v| < GRU_TANH_SMALL and
-// stays NaN in the second form.
+// warp whose lanes fall on either side runs no branch twice. Both forms work on |v| and take
+// v's sign last (so tanh(-0) = -0). NaN fails |v| < GRU_TANH_SMALL and stays NaN in the
+// second form.
 #define GRU_TANH_SMALL 0.9f
 template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
-    const float a = fabsf(v), s = v * v;
+    const float a = fabsf(v), s = a * a;
     float p = -4.68006183e-4f;
     p = fmaf(p, s, 2.61745276e-3f);
     p = fmaf(p, s, -8.30238406e-3f);
@@ -77,11 +79,11 @@ template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
     p = fmaf(p, s, -5.39348796e-2f);
     p = fmaf(p, s, 1.33330494e-1f);
     p = fmaf(p, s, -3.33333254e-1f);
-    const float small = fmaf(v * s, p, v);
+    const float small = fmaf(a * s, p, a);
     const float b = a > 10.0f ? 10.0f : a;
     const float e = gru_ex2(b * 2.88539008f);
-    const float big = copysignf(fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f), v);
-    return a < GRU_TANH_SMALL ? small : big;
+    const float big = fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f);
+    return copysignf(a < GRU_TANH_SMALL ? small : big, v);
 }
 
 // the step's time index in direction d
