@@ -66,9 +66,9 @@ template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {
 // tanh(v): below |v| = GRU_TANH_SMALL the odd polynomial v + v^3 P(v^2) (a least-squares fit
 // of relative error, weighted toward its largest), above it sign(v) (1 - 2 / (e^2|v| + 1)) with
 // |v| clamped at 10 (tanh is 1 in float32 beyond 9.1): both computed, one selected, so that a
-// warp whose lanes fall on either side runs no branch twice. Both forms work on |v| and take
-// v's sign last (so tanh(-0) = -0). NaN fails |v| < GRU_TANH_SMALL and stays NaN in the
-// second form.
+// warp whose lanes fall on either side runs no branch twice. Both forms work on |v| and each
+// takes v's sign (so tanh(-0) = -0) before the selection, off the longer form's path. NaN
+// fails |v| < GRU_TANH_SMALL and stays NaN in the second form.
 #define GRU_TANH_SMALL 0.9f
 template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
     const float a = fabsf(v), s = a * a;
@@ -79,11 +79,11 @@ template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
     p = fmaf(p, s, -5.39348796e-2f);
     p = fmaf(p, s, 1.33330494e-1f);
     p = fmaf(p, s, -3.33333254e-1f);
-    const float small = fmaf(a * s, p, a);
+    const float small = copysignf(fmaf(a * s, p, a), v);
     const float b = a > 10.0f ? 10.0f : a;
     const float e = gru_ex2(b * 2.88539008f);
-    const float big = fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f);
-    return copysignf(a < GRU_TANH_SMALL ? small : big, v);
+    const float big = copysignf(fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f), v);
+    return a < GRU_TANH_SMALL ? small : big;
 }
 
 // the step's time index in direction d
