@@ -40,13 +40,14 @@ def cell_errors(first=0, stride=1, count=1 << 32):
     from cugru import _catalog
     from cukernels import runtime
     kern = runtime.kernel("gru_probes.cu", _catalog.CELL_ERROR_PROBE)
-    F = len(FUNCTIONS)
-    out = cp.zeros(3 * F, cp.uint64)
+    out = cp.zeros((len(FUNCTIONS), 3), cp.uint64)
     blocks = cp.cuda.Device().attributes["MultiProcessorCount"] * 8
-    kern.launch((blocks,), (256,), {"first": first, "stride": stride, "count": count, "out": out})
+    for fn in range(len(FUNCTIONS)):
+        kern.launch((blocks,), (256,), {"fn": fn, "first": first, "stride": stride,
+                                         "count": count, "out": out[fn]})
     v = cp.asnumpy(out)
-    f = v[:2 * F].view(np.float64)
-    return {name: (float(f[k]), float(f[F + k]), int(v[2 * F + k]))
+    f = v[:, :2].copy().view(np.float64)
+    return {name: (float(f[k, 0]), float(f[k, 1]), int(v[k, 2]))
             for k, name in enumerate(FUNCTIONS)}
 
 

@@ -31,8 +31,8 @@
 // ---- the cell's sigmoid and tanh. double: exp, an IEEE division and tanh. float: from the
 // chip's 2^x and 1/x approximations (ex2.approx, rcp.approx) made accurate again around them,
 // so that the cell's critical path (r's sigmoid, then n's tanh) is short and has no branch.
-// Over every float32 input both stay within a few ulp of the exact value, the sigmoid within
-// about 1 ulp of expf with a division, the tanh closer than tanhf (measured by
+// Over every float32 input both stay within a few ulp of the exact value: the sigmoid's largest
+// error about 1 ulp above that of expf with a division, the tanh's below tanhf's (measured by
 // tools/cell_probe.py, bounded by a GPU test, test_gru_gpu's test_cell_functions_are_accurate);
 // NaN stays NaN, and the modules are built with subnormals flushed to zero.
 template <typename T> __device__ __forceinline__ T gru_sigmoid(T v) {
@@ -51,7 +51,7 @@ __device__ __forceinline__ float gru_rcp(float d) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
     return fmaf(y, fmaf(-d, y, 1.0f), y);
 }
-// 1 / (1 + e^-v), e^-v = 2^(t + c): t = -v log2(e) rounded, c its rounding error (a product's
+// 1 / (1 + e^-v), e^-v = 2^(t + c): t = -v log2(e) rounded to float, c its rounding error (a product's
 // error is exact in an FMA) plus -v times the error of log2(e) in float; 2^(t + c) =
 // 2^t (1 + c ln 2) to within c^2. v is clamped to [-88, 88] first, beyond which sigmoid is 1
 // or, flushed to zero, 0 in float32 (as it is from v = -87.34 on; the comparisons keep NaN), so
@@ -65,13 +65,14 @@ template <> __device__ __forceinline__ float gru_sigmoid<float>(float v) {
 }
 // tanh(v): below |v| = GRU_TANH_SMALL the odd polynomial v + v^3 P(v^2) (a least-squares fit
 // of relative error, weighted toward its largest), above it sign(v) (1 - 2 / (e^2|v| + 1)) with
-// |v| clamped at 10 (tanh is 1 in float32 beyond 9.1): both computed, one selected, so that a
-// warp whose lanes fall on either side runs no branch twice. Both forms work on |v| and each
-// takes v's sign (so tanh(-0) = -0) before the selection, off the longer form's path. NaN
-// fails |v| < GRU_TANH_SMALL and stays NaN in the second form.
+// |v| clamped at 10 (tanh is 1 in float32 from 9.01): both computed, one selected, no branch.
+// Each form takes v's sign (so tanh(-0) = -0, where the polynomial's sum of two zeros gives
+// +0) before the selection. (Written on |v| with the sign taken once after the selection, or
+// with the polynomial on |v|, ptxas spilled in a 512-thread tile kernel, which runs at its
+// register limit.) NaN fails |v| < GRU_TANH_SMALL and stays NaN in the second form.
 #define GRU_TANH_SMALL 0.9f
 template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
-    const float a = fabsf(v), s = a * a;
+    const float a = fabsf(v), s = v * v;
     float p = -4.68006183e-4f;
     p = fmaf(p, s, 2.61745276e-3f);
     p = fmaf(p, s, -8.30238406e-3f);
@@ -79,7 +80,7 @@ template <> __device__ __forceinline__ float gru_tanh<float>(float v) {
     p = fmaf(p, s, -5.39348796e-2f);
     p = fmaf(p, s, 1.33330494e-1f);
     p = fmaf(p, s, -3.33333254e-1f);
-    const float small = copysignf(fmaf(a * s, p, a), v);
+    const float small = copysignf(fmaf(v * s, p, v), v);   // (only a zero's sign moves)
     const float b = a > 10.0f ? 10.0f : a;
     const float e = gru_ex2(b * 2.88539008f);
     const float big = copysignf(fmaf(-2.0f, gru_rcp(e + 1.0f), 1.0f), v);

@@ -24,26 +24,13 @@ gru_counter_barrier_probe(unsigned int* barrier, int n) {
 // division; tanhf) and the fast intrinsics (__expf and __fdividef; tanh.approx), against the
 // exact values in double, over the float32 inputs whose bit patterns are first + i * stride
 // (i < count, wrapping at 2^32). The exact value is that of the input's bits (a subnormal
-// input is not flushed there, though every float form sees it as zero). Function f = 0..5
-// (sigmoid, tanh, their IEEE forms, their fast forms): out[f], as ordered bits of a
-// non-negative double (atomicMax), the largest error in units of the last place of the exact
-// value in float32 where that is a normal float32 (at least FLT_MIN in magnitude); out[6 + f]
-// the largest absolute error where it is smaller (what the flush to zero touches); out[12 + f]
-// counts its results that are NaN where the exact value is not, or the other way round, or a
-// zero of the other sign than the exact value's.
-#define GRU_CELL_FUNCTIONS 6
-__device__ __forceinline__ void gru_cell_error(double got, double exact, double& ulps,
-                                               double& tiny, unsigned long long& bad) {
-    if (isnan(got) || isnan(exact)) {
-        bad += isnan(got) != isnan(exact);
-        return;
-    }
-    const double a = fabs(exact), err = fabs(got - exact);
-    if (got == 0.0 && signbit(got) != signbit(exact)) ++bad;
-    if (a >= 1.1754943508222875e-38) ulps = fmax(ulps, err / ldexp(1.0, ilogb(a) - 23));
-    else tiny = fmax(tiny, err);
-}
-
+// input is not flushed there, though every float form sees it as zero). One launch measures
+// function fn (0..5: sigmoid, tanh, their IEEE forms, their fast forms): out[0], as ordered
+// bits of a non-negative double (atomicMax), the largest error in units of the last place of
+// the exact value in float32 where that is a normal float32 (at least FLT_MIN in magnitude);
+// out[1] the largest absolute error where it is smaller (what the flush to zero touches);
+// out[2] counts the results that are NaN where the exact value is not, or the other way
+// round, or a zero of the other sign than the exact value's.
 __device__ __forceinline__ float gru_tanh_approx(float v) {
     float t;
     asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(v));
@@ -51,15 +38,10 @@ __device__ __forceinline__ float gru_tanh_approx(float v) {
 }
 
 __global__ void __launch_bounds__(256)
-gru_cell_error_probe(unsigned int first, unsigned int stride, long long count,
+gru_cell_error_probe(int fn, unsigned int first, unsigned int stride, long long count,
                      unsigned long long* out) {
-    constexpr int F = GRU_CELL_FUNCTIONS;
-    double ulps[F], tiny[F];
-    unsigned long long bad[F];
-    for (int f = 0; f < F; ++f) {
-        ulps[f] = tiny[f] = 0.0;
-        bad[f] = 0;
-    }
+    double ulps = 0.0, tiny = 0.0;
+    unsigned long long bad = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
          i += (long long)gridDim.x * blockDim.x) {
         const unsigned int bits = first + (unsigned int)i * stride;
@@ -68,26 +50,34 @@ gru_cell_error_probe(unsigned int first, unsigned int stride, long long count,
         const double x = (bits & 0x7f800000u)
             ? (double)v
             : copysign(ldexp((double)(bits & 0x7fffffu), -149), (bits >> 31) ? -1.0 : 1.0);
-        const double s = 1.0 / (1.0 + exp(-x)), t = tanh(x);
-        gru_cell_error(gru_sigmoid(v), s, ulps[0], tiny[0], bad[0]);
-        gru_cell_error(gru_tanh(v), t, ulps[1], tiny[1], bad[1]);
-        gru_cell_error(1.0f / (1.0f + expf(-v)), s, ulps[2], tiny[2], bad[2]);
-        gru_cell_error(tanhf(v), t, ulps[3], tiny[3], bad[3]);
-        gru_cell_error(__fdividef(1.0f, 1.0f + __expf(-v)), s, ulps[4], tiny[4], bad[4]);
-        gru_cell_error(gru_tanh_approx(v), t, ulps[5], tiny[5], bad[5]);
-    }
-    for (int f = 0; f < F; ++f) {
-        for (int o = 16; o > 0; o >>= 1) {
-            ulps[f] = fmax(ulps[f], __shfl_xor_sync(0xffffffffu, ulps[f], o));
-            tiny[f] = fmax(tiny[f], __shfl_xor_sync(0xffffffffu, tiny[f], o));
-            bad[f] += __shfl_xor_sync(0xffffffffu, bad[f], o);
+        const bool sig = (fn & 1) == 0;
+        const double exact = sig ? 1.0 / (1.0 + exp(-x)) : tanh(x);
+        float got;
+        switch (fn) {
+            case 0: got = gru_sigmoid(v); break;
+            case 1: got = gru_tanh(v); break;
+            case 2: got = 1.0f / (1.0f + expf(-v)); break;
+            case 3: got = tanhf(v); break;
+            case 4: got = __fdividef(1.0f, 1.0f + __expf(-v)); break;
+            default: got = gru_tanh_approx(v); break;
         }
+        if (isnan(got) || isnan(exact)) {
+            bad += isnan(got) != isnan(exact);
+            continue;
+        }
+        const double a = fabs(exact), err = fabs((double)got - exact);
+        if (got == 0.0f && signbit(got) != signbit(exact)) ++bad;
+        if (a >= 1.1754943508222875e-38) ulps = fmax(ulps, err / ldexp(1.0, ilogb(a) - 23));
+        else tiny = fmax(tiny, err);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        ulps = fmax(ulps, __shfl_xor_sync(0xffffffffu, ulps, o));
+        tiny = fmax(tiny, __shfl_xor_sync(0xffffffffu, tiny, o));
+        bad += __shfl_xor_sync(0xffffffffu, bad, o);
     }
     if ((threadIdx.x & 31) == 0) {
-        for (int f = 0; f < F; ++f) {
-            atomicMax(out + f, (unsigned long long)__double_as_longlong(ulps[f]));
-            atomicMax(out + F + f, (unsigned long long)__double_as_longlong(tiny[f]));
-            atomicAdd(out + 2 * F + f, bad[f]);
-        }
+        atomicMax(out, (unsigned long long)__double_as_longlong(ulps));
+        atomicMax(out + 1, (unsigned long long)__double_as_longlong(tiny));
+        atomicAdd(out + 2, bad);
     }
 }
