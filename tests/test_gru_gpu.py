@@ -1067,13 +1067,8 @@ def test_cell_functions_are_accurate(cp):
     NaN where the exact value is not (or the other way), no zero of the wrong sign (tanh(-0)
     is -0), and below FLT_MIN (flushed to zero) within FLT_MIN. The IEEE forms run beside
     them, so the probe is seen to measure something: neither is exact."""
-    import importlib.util
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                        "cell_probe.py")
-    spec = importlib.util.spec_from_file_location("cell_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    errors = probe.cell_errors()
+    from tool_module import load
+    errors = load("cell_probe.py").cell_errors()
     tiny = np.finfo(np.float32).tiny
     for name, most in CELL_ULPS.items():
         ulps, below, bad = errors[name]

@@ -1,20 +1,10 @@
 """The tools on the CPU: the GPU script's reading of compute-sanitizer's output and its
 phases (tools/gpu_report.py), the tile diagnostic's patches, the probes' argument and
 candidate handling."""
-import importlib.util
-import os
 
 import numpy as np
 
-
-def _tool(name):
-    """tools/`name` loaded as a module (tools/ is no package)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                        name)
-    spec = importlib.util.spec_from_file_location(name[:-3], path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tool_module import load as _tool
 
 
 gpu_report = _tool("gpu_report.py")
