@@ -102,7 +102,7 @@ def forward(a, plan, math):
     float32): (y, h_n, GruSaved or None). The history is float32; x and the weights are kept
     as given."""
     if not a.training and _passes.replays(
-            a, plan, 4, 2 * sum(v.nbytes for v in (a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh)
+            a, plan, math, 4, 2 * sum(v.nbytes for v in (a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh)
                                 if v is not None)):
         return _inference(a, plan, math)
     # (the float32 copies are the pass's temporaries: neither returned nor kept in `saved`)

@@ -67,12 +67,13 @@ class ForwardPass:
     without training. For a plan that runs the whole pass (`whole`) there is no gi, and no
     hs without training (the plan keeps the states itself). `kept` (inference only): y and
     h_n are temporaries too, kept with gi and hs (dev.scratch), for a caller that copies
-    them into results of its own (replayed_inference's callers)."""
+    them into results of its own (replayed_inference's callers); with `steps` (the per-step
+    plan) the step's product gh (D, B, 3H) is kept with them, else gh is None."""
     __slots__ = ("T", "B", "I", "H", "D", "S", "dtype", "ctype", "training", "x", "h0", "w_ih",
                  "w_hh", "b_ih", "b_hh", "gi", "hs", "y", "h_n", "gates", "qat", "qargs",
-                 "lengths", "math", "wide")
+                 "lengths", "math", "wide", "gh")
 
-    def __init__(self, a, whole=False, math="strict", kept=False, wide=False):
+    def __init__(self, a, whole=False, math="strict", kept=False, wide=False, steps=False):
         self.T, self.B, self.I, self.H, self.D = T, B, I, H, D = a.dims
         self.dtype = dt = a.x.dtype
         self.ctype = cat.CTYPE[dt.itemsize]
@@ -86,7 +87,7 @@ class ForwardPass:
         self.math = math
         self.wide = wide
         self.S = S = T + 1 if a.training else 2
-        self.gi = self.hs = self.gates = None
+        self.gi = self.hs = self.gates = self.gh = None
         # (wide: gi in float64 where the projection is, wide_pass)
         gi_dt = np.float64 if wide and _plan.wide_projection(I) else dt
         # (training: hs and gates are the saved history; else hs is a temporary)
@@ -100,9 +101,13 @@ class ForwardPass:
             if kept:
                 assert not wide, "a wide pass keeps no temporaries"
                 temps = ((T, B, D, 3 * H), (D, S, B, H)) if not whole else ()
-                *gi_hs, self.y, self.h_n = dev.scratch("inference kept", dt, *temps, *results)
-                if gi_hs:
-                    self.gi, self.hs = gi_hs
+                temps += ((D, B, 3 * H),) if steps else ()
+                *kept_temps, self.y, self.h_n = dev.scratch("inference kept", dt, *temps,
+                                                            *results)
+                if steps:
+                    self.gh = kept_temps.pop()
+                if kept_temps:
+                    self.gi, self.hs = kept_temps
                 return
             if not whole and gi_dt == dt:
                 self.gi, self.hs = dev.scratch("inference", dt, (T, B, D, 3 * H), (D, S, B, H))
@@ -156,7 +161,7 @@ def forward(a, plan, math="strict"):
     given = a
     if a.quant is not None:
         a = _quantize.operands(a)
-    elif not a.training and replays(a, plan):
+    elif not a.training and replays(a, plan, math):
         p = replayed_inference(a, plan, math)
         # (the results: new arrays, copied from the kept ones the graph wrote)
         y, h_n = dev.outputs(p.dtype, p.y.shape, p.h_n.shape)
@@ -176,19 +181,24 @@ def forward(a, plan, math="strict"):
                                 given.x, given.h0, a.lengths, math)
 
 
-def replays(a, plan, itemsize=None, widened=0):
-    """Whether an inference pass of `a` (no quantization) on `plan` goes through
-    replayed_inference: the plan's forward pass `captures`, and the pass's temporaries (of
-    `itemsize` bytes an element, the data's where None; with `widened` bytes of float32
-    copies of half-precision inputs) are kept between calls (dev.SCRATCH_BYTES): else no
-    key would repeat."""
+def replays(a, plan, math, itemsize=None, widened=0):
+    """Whether an inference pass of `a` (no quantization) under `math` on `plan` goes
+    through replayed_inference: the plan's forward pass `captures` (on the per-step plan,
+    a pass whose products are not wide: a wide pass converts into float64 temporaries of
+    its own), and the pass's temporaries (of `itemsize` bytes an element, the data's where
+    None; with `widened` bytes of float32 copies of half-precision inputs) are kept between
+    calls (dev.SCRATCH_BYTES): else no key would repeat."""
     if not plan.captures:
         return False
     T, B, I, H, D = a.dims
+    itemsize = itemsize or a.x.dtype.itemsize
+    steps = isinstance(plan, _plan.StepsPlan)
+    if steps and _plan.wide_products(B, H, itemsize, math):
+        return False
     S = 2
     units = (0 if plan.whole_pass else T * B * D * 3 * H + D * S * B * H) + T * B * D * H \
-        + D * B * H
-    return units * (itemsize or a.x.dtype.itemsize) + widened <= dev.SCRATCH_BYTES
+        + D * B * H + (D * B * 3 * H if steps else 0)
+    return units * itemsize + widened <= dev.SCRATCH_BYTES
 
 
 def replayed_inference(a, plan, math, tag="inference", prologue=None, read=()):
@@ -201,7 +211,8 @@ def replayed_inference(a, plan, math, tag="inference", prologue=None, read=()):
     `prologue()`: calls issued first, reading `read` (the widening of half-precision data
     into a's arrays). Returns the ForwardPass, whose y and h_n the caller copies out before
     the next call on this stream writes them again."""
-    p = ForwardPass(a, plan.whole_pass, math, kept=True)
+    p = ForwardPass(a, plan.whole_pass, math, kept=True,
+                    steps=isinstance(plan, _plan.StepsPlan))
 
     def issue(loop):
         if prologue is not None:
@@ -212,7 +223,7 @@ def replayed_inference(a, plan, math, tag="inference", prologue=None, read=()):
     key = (tag, a.dims, plan) + tuple(
         None if v is None else ("buffer", v.data.ptr, v.nbytes)
         for v in (*read, a.x, a.h0, a.w_ih, a.w_hh, a.b_ih, a.b_hh, a.lengths, p.gi, p.hs, p.y,
-                  p.h_n))
+                  p.h_n, p.gh))
     with dev.Loop(p.dtype, math=math) as loop:
         loop.replay(key, issue)
     return p

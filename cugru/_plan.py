@@ -227,9 +227,11 @@ class StepsPlan:
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
     # (whether a forward pass may be captured whole into a CUDA graph by a caller that keys
-    # the graph by the pass's buffers: no allocation, no buffer but the pass's; the steps
-    # take a temporary of their own, and replay their recurrence themselves)
-    captures = False
+    # the graph by the pass's buffers: no allocation, no buffer but the pass's. An inference
+    # pass whose products are not wide takes its product buffer from the pass (ForwardPass's
+    # gh, kept with its other temporaries: _passes.replays); a pass outside such a capture
+    # replays its recurrence itself)
+    captures = True
 
     @staticmethod
     def grid(B, H, D):
@@ -253,11 +255,14 @@ class StepsPlan:
     @staticmethod
     def _buffers(p, wide, backward=False):
         """The pass's temporaries: forward (gh,) or, wide, (gh, hw, w64) in float64;
-        backward () or, wide, (dh, w64) in float64 (w64: W_hh widened)."""
+        backward () or, wide, (dh, w64) in float64 (w64: W_hh widened). A forward pass that
+        holds its own gh (ForwardPass's, kept for a captured inference pass) uses that."""
         B, H, D = p.B, p.H, p.D
         G = 3 * H
         if not wide:
-            return () if backward else dev.scratch("steps", p.dtype, (D, B, G))
+            if backward:
+                return ()
+            return (p.gh,) if p.gh is not None else dev.scratch("steps", p.dtype, (D, B, G))
         shapes = ((D, B, H),) if backward else ((D, B, G), (2, D, B, H))
         return dev.scratch("steps backward" if backward else "steps", np.float64, *shapes,
                            (D * G * H,))

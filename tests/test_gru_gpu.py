@@ -303,16 +303,17 @@ def test_repeated_per_step_calls_replay_a_graph_with_the_eager_bits(cp, rng, mon
                                            ((30, 4, 9, 64, False), True),
                                            ((20, 64, 32, 256, True), False)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("path", ["auto", "fast", "small"])
+@pytest.mark.parametrize("path", ["auto", "fast", "small", "steps"])
 @needs_repeated_buffers
 def test_repeated_inference_replays_a_graph_with_the_eager_bits(cp, rng, monkeypatch, shape,
                                                                lengths, dtype, path):
     """An inference call on a plan whose forward pass `captures` (the tile
-    plans at block and cluster scope) runs its whole pass eagerly on a call's first sighting,
-    captured on its second and as that graph's launch after (_passes.replayed_inference):
-    every call gives the bits of calls with graphs off, new weights written into the same
-    arrays give their own results, and the lengths (a new device array each call) are read
-    where each call put them. Plans that do not capture keep to their eager calls."""
+    plans at block and cluster scope, the per-step plan where its products are not wide)
+    runs its whole pass eagerly on a call's first sighting, captured on its second and as
+    that graph's launch after (_passes.replayed_inference): every call gives the bits of
+    calls with graphs off, new weights written into the same arrays give their own results,
+    and the lengths (a new device array each call) are read where each call put them. Plans
+    that do not capture keep to their eager calls."""
     T, B, I, H, bi = shape
     D = 2 if bi else 1
     if path == "small" and D * B * H > 1024:
@@ -345,7 +346,10 @@ def test_repeated_inference_replays_a_graph_with_the_eager_bits(cp, rng, monkeyp
     plan = _plan.choose(path, B, H, D, np.dtype(dtype), False, T, I, lengths=lengths)
     if plan.captures:
         assert graphs.counts["capture"] >= 1 and graphs.counts["launch"] >= 3, graphs.counts
-    elif plan.scope != "steps":     # (the per-step plan replays its recurrence itself)
+        # (the whole pass's graph, not only the per-step recurrence's inside it)
+        assert any(k[0][0] == "inference" and v is not _device.EAGER
+                   for k, v in graphs.graphs.items()), (plan, list(graphs.graphs))
+    else:
         assert graphs.counts["capture"] == graphs.counts["launch"] == 0, (plan, graphs.counts)
 
 

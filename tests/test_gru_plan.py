@@ -146,15 +146,19 @@ def _key_buffers(key):
 class KeyedLoop(HostLoop):
     """A HostLoop whose products and launches fail on an address outside the buffers of
     a replay's key (the per-step recurrence's, and the inference passes' of the plans
-    that capture: _passes.replayed_inference)."""
+    that capture: _passes.replayed_inference); a replay inside a replay (the per-step
+    recurrence in an inference pass's capture) checks its calls against both keys."""
 
     def __init__(self, loop, key):
         self.dtype, self.math = loop.dtype, loop.math
         self.buffers = _key_buffers(key)
+        self.within = loop if isinstance(loop, KeyedLoop) else None
 
     def _named(self, address, nbytes):
         assert any(a <= address and address + nbytes <= a + n for a, n in self.buffers), \
             (address, nbytes, self.buffers)
+        if self.within is not None:
+            self.within._named(address, nbytes)
 
     def gemm(self, transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch=1,
              math=None, wide=False):
@@ -1979,9 +1983,10 @@ def test_clear_scratch_drops_every_kept_temporary(monkeypatch):
 def test_the_per_step_recurrence_replays_touch_only_the_buffers_their_keys_name(
         host_device, rng):
     """The per-step path runs each pass's recurrence through Loop.replay, whose CUDA graph
-    is launched again on any call with an equal key: every product and launch of those
-    calls lies inside a buffer the key names (KeyedLoop fails otherwise), and the passes'
-    keys differ. A key without W_hh fails that check."""
+    is launched again on any call with an equal key, and an inference pass whole
+    (_passes.replayed_inference: its recurrence's replay inside it): every product and
+    launch of those calls lies inside a buffer the key names (KeyedLoop fails otherwise),
+    and the keys differ. A key without W_hh fails that check."""
     p = problem(rng, 6, 3, 4, 5, True, lengths=True)
     dev = host_device
     HostLoop.keys.clear()
@@ -1989,7 +1994,9 @@ def test_the_per_step_recurrence_replays_touch_only_the_buffers_their_keys_name(
                                               lengths=p["lengths"])
     ref = oracle.gru_backward(p["dy"], p["dh_n"], saved)
     _gpu_path_matches(dev, p, (6, 3, 4, 5, 2), plans.STEPS, ref_y, ref_hn, saved, ref)
-    assert len(HostLoop.keys) == 3 and len(set(HostLoop.keys)) == 3
+    # (the inference pass's, its recurrence's, the training pass's and the backward pass's)
+    assert len(HostLoop.keys) == 4 and len(set(HostLoop.keys)) == 4
+    assert HostLoop.keys[0][0] == "inference"
     graph_key = _device.graph_key
 
     def without_w_hh(*items):     # (the passes' keys end with W_hh)

@@ -186,7 +186,7 @@ def test_a_repeated_half_inference_replays_a_graph_with_the_float32_bits_rounded
     the tests): each call gives the float32 call's results rounded once, bit for bit, new
     values written into the same arrays (x, h0, the weights) included (the graph reads
     them afresh), and an array at another address gives a graph of its own. Plans that do
-    not capture (the per-step path) keep to eager calls with the same bits."""
+    not capture (the small path) keep to eager calls with the same bits."""
     from cugru import _device, _plan, plans
     was = plans.use_graphs(True)
     _device.clear_graphs()
