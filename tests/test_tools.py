@@ -178,6 +178,34 @@ def test_the_inference_sweep_refuses_an_unknown_shape_id(capsys):
     assert e.value.code == 2 and "Z9" in capsys.readouterr().err
 
 
+def test_the_step_graph_probe_sets_the_whole_pass_capture_and_restores_it():
+    """tools/step_graph_probe.py times the per-step plan's inference with its whole pass
+    captured and without: each call sees the setting it asked for, and the setting before
+    comes back after the call, also where the call raises; an unknown shape id stops with
+    argparse's error."""
+    import pytest
+    from cugru import _plan
+    probe = _tool("step_graph_probe.py")
+    was = _plan.StepsPlan.captures
+    seen = []
+
+    def call():
+        seen.append(_plan.StepsPlan.captures)
+        return len(seen)
+    assert probe.in_setting(False, call)() == 1 and probe.in_setting(True, call)() == 2
+    assert seen == [False, True] and _plan.StepsPlan.captures is was
+
+    def fails():
+        seen.append(_plan.StepsPlan.captures)
+        raise RuntimeError("planted")
+    with pytest.raises(RuntimeError, match="planted"):
+        probe.in_setting(not was, fails)()
+    assert seen[-1] is (not was) and _plan.StepsPlan.captures is was
+    with pytest.raises(SystemExit) as e:
+        probe.main(["O10", "Z9"])
+    assert e.value.code == 2
+
+
 def test_probe_problems_gives_each_shape_its_arrays_weights_and_repeats(monkeypatch):
     """bench.paths.probe_problems (the probes' loop over shapes): the shape's dimensions
     with D, its arrays on the device (a stand-in for cupy here), the weights in
