@@ -202,7 +202,7 @@ def replays(a, plan, math, itemsize=None, widened=0):
 
 
 def replayed_inference(a, plan, math, tag="inference", prologue=None, read=()):
-    """An inference pass of `a` (no quantization; replays(a, plan)) with every buffer it
+    """An inference pass of `a` (no quantization; replays(a, plan, math)) with every buffer it
     writes kept between calls (ForwardPass(..., kept=True): y and h_n too), issued through
     Loop.replay keyed by the address and size of every buffer its calls touch and by what
     they bake in (`tag`, the dims, the plan; Loop.replay adds the dtype, the math, the
