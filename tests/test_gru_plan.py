@@ -63,6 +63,7 @@ class HostLoop:
     products round their inputs to TF32 first. `made` lists the math of each loop made."""
     made: list = []
     keys: list = []     # (the keys of Loop.replay's calls)
+    active: list = []   # (the KeyedLoops of the replays being issued, innermost last)
     products: list = []     # ((m, n, k, batch, math) of each product)
     wide: list = []     # ((m, n, k, batch) of each product in float64 on a float32 pass)
 
@@ -126,7 +127,30 @@ class HostLoop:
         """Issues the calls on a KeyedLoop: each must touch only buffers that `key` names
         (what Loop.replay's CUDA graph may be launched on)."""
         HostLoop.keys.append(key)
-        issue(KeyedLoop(self, key))
+        keyed = KeyedLoop(self, key)
+        HostLoop.active.append(keyed)
+        try:
+            issue(keyed)
+        finally:
+            HostLoop.active.pop()
+
+
+def _bytes_named(address, nbytes):
+    """A copy's or a memset's bytes, issued within a replay, must lie in a buffer its key
+    (and every enclosing replay's) names."""
+    if HostLoop.active:
+        HostLoop.active[-1]._named(address, nbytes)
+
+
+def _host_copy(dst, src, nbytes):
+    _bytes_named(dst, nbytes)
+    _bytes_named(src, nbytes)
+    ctypes.memmove(dst, src, nbytes)
+
+
+def _host_zero(dst, nbytes):
+    _bytes_named(dst, nbytes)
+    ctypes.memset(dst, 0, nbytes)
 
 
 def _table(address, n):
@@ -144,8 +168,9 @@ def _key_buffers(key):
 
 
 class KeyedLoop(HostLoop):
-    """A HostLoop whose products and launches fail on an address outside the buffers of
-    a replay's key (the per-step recurrence's, and the inference passes' of the plans
+    """A HostLoop whose products, launches, copies and memsets (the last two through the
+    host_device fixture's copy_bytes and zero_bytes) fail on an address outside the
+    buffers of a replay's key (the per-step recurrence's, and the inference passes' of the plans
     that capture: _passes.replayed_inference); a replay inside a replay (the per-step
     recurrence in an inference pass's capture) checks its calls against both keys."""
 
@@ -788,8 +813,8 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "capturing", lambda cp, stream=None: False)
     monkeypatch.setattr(_device, "pointer_table", lambda key, build: np.ascontiguousarray(
         build(), dtype=np.uint64).view(DevArray))
-    monkeypatch.setattr(_device, "copy_bytes", lambda dst, src, n: ctypes.memmove(dst, src, n))
-    monkeypatch.setattr(_device, "zero_bytes", lambda dst, n: ctypes.memset(dst, 0, n))
+    monkeypatch.setattr(_device, "copy_bytes", _host_copy)
+    monkeypatch.setattr(_device, "zero_bytes", _host_zero)
     monkeypatch.setattr(_device, "Loop", HostLoop)
     HostLoop.products.clear()
     HostLoop.wide.clear()
