@@ -170,8 +170,8 @@ def _key_buffers(key):
 class KeyedLoop(HostLoop):
     """A HostLoop whose products, launches, copies and memsets (the last two through the
     host_device fixture's copy_bytes and zero_bytes) fail on an address outside the
-    buffers of a replay's key (the per-step recurrence's, and the inference passes' of the plans
-    that capture: _passes.replayed_inference); a replay inside a replay (the per-step
+    buffers of a replay's key (the per-step recurrence's, and the inference passes' of the
+    plans that capture: _passes.replayed_inference); a replay inside a replay (the per-step
     recurrence in an inference pass's capture) checks its calls against both keys."""
 
     def __init__(self, loop, key):
@@ -2009,9 +2009,9 @@ def test_the_per_step_recurrence_replays_touch_only_the_buffers_their_keys_name(
         host_device, rng):
     """The per-step path runs each pass's recurrence through Loop.replay, whose CUDA graph
     is launched again on any call with an equal key, and an inference pass whole
-    (_passes.replayed_inference: its recurrence's replay inside it): every product and
-    launch of those calls lies inside a buffer the key names (KeyedLoop fails otherwise),
-    and the keys differ. A key without W_hh fails that check."""
+    (_passes.replayed_inference: its recurrence's replay inside it): every product,
+    launch, copy and memset of those calls lies inside a buffer the key names (KeyedLoop
+    fails otherwise), and the keys differ. A key without W_hh fails that check."""
     p = problem(rng, 6, 3, 4, 5, True, lengths=True)
     dev = host_device
     HostLoop.keys.clear()
