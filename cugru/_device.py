@@ -724,22 +724,26 @@ class Loop:
         self.bind()
         return self._direct is not None
 
-    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch,
+                      wide=False):
         """Column-major C_i = op(A_i) @ op(B_i) + beta*C_i for i < batch, where A, B and C
         are the addresses of device arrays of the items' addresses (pointer_table): cuBLAS'
         batched GEMM on the pass's handle, stream and math (has_gemm_pointers: only where
-        the library is found)."""
+        the library is found). `wide`: the items in float64 whatever the pass's dtype (as
+        for gemm; float64 products have one math)."""
         if not self.has_gemm_pointers():
             raise RuntimeError("gemm_pointers needs cuBLAS' own library (has_gemm_pointers)")
         if self._mode is None:
             self._bind_handle()
         cb = self._cublas
-        status = self._direct.gemm_pointers[self.dtype.itemsize](
+        itemsize = 8 if wide else self.dtype.itemsize
+        scalars = _host_scalars("d") if wide else self._scalars
+        status = self._direct.gemm_pointers[itemsize](
             self.handle, cb.CUBLAS_OP_T if transa else cb.CUBLAS_OP_N,
-            cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k, self._scalars[1.0], A, lda,
-            B, ldb, self._scalars[float(beta)], C, ldc, batch)
+            cb.CUBLAS_OP_T if transb else cb.CUBLAS_OP_N, m, n, k, scalars[1.0], A, lda,
+            B, ldb, scalars[float(beta)], C, ldc, batch)
         if status != 0:
-            raise RuntimeError(f"cuBLAS {'s' if self.dtype.itemsize == 4 else 'd'}gemmBatched "
+            raise RuntimeError(f"cuBLAS {'s' if itemsize == 4 else 'd'}gemmBatched "
                                f"failed with status {status} (m={m}, n={n}, k={k}, "
                                f"batch={batch})")
 

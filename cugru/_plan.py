@@ -72,6 +72,15 @@ PERSIST_AUTO_MIN_ROWS = 2
 SPLIT_MIN_K = 1024
 SPLIT_SLICE = 192
 SPLIT_MAX_SLICES = 24
+#: a wide backward pass (wide_products: float64 products on float32 data) splits its
+#: per-step product (k = 3H) into this many slices where they divide k (1: one product a
+#: step), the slices' float64 products added into the float64 carried gradient as above
+#: (wide_split), slices of WIDE_SPLIT_MIN_TERMS terms at least. 1 (off) until
+#: tools/wide_split_probe.py has timed the slice counts on a GPU (the lever: S10's
+#: backward product took 21.5 µs a step against the forward's 18.7 for the same
+#: multiply-adds on an H100, bench.gru at 00fad17; docs/performance.md)
+WIDE_SPLIT_SLICES = 1
+WIDE_SPLIT_MIN_TERMS = 64
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
 #: the whole recurrence), the per-step path beyond (see docs/performance.md). Measured on an
 #: H100 at a6080ba (bench.paths), with the per-step path replaying CUDA graphs: at 3 waves
@@ -199,6 +208,14 @@ def backward_split(H, D, itemsize, math) -> int:
                key=lambda s: (abs(np.log(k / (s * SPLIT_SLICE))), s), default=1)
 
 
+def wide_split(H) -> int:
+    """How many slices of k = 3H a wide backward pass's per-step product is split into
+    (WIDE_SPLIT_SLICES where it divides k into slices of WIDE_SPLIT_MIN_TERMS or more
+    terms, else 1)."""
+    S = WIDE_SPLIT_SLICES
+    return S if S > 1 and 3 * H % S == 0 and 3 * H // S >= WIDE_SPLIT_MIN_TERMS else 1
+
+
 def convert(loop, src, dst, n, runs=1, stride=0):
     """dst[r*n + k] = src[r*stride + k] converted (float <-> double), r < runs: the wide
     products' operands (gru_steps_convert)."""
@@ -322,24 +339,27 @@ class StepsPlan:
                 "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "s": 0,
                 **p.qargs}
 
-    def split_product(self, loop, p):
+    def split_product(self, loop, p, bufs=()):
         """(S, parts, table) for a backward pass whose per-step product is split into S
-        slices of k (backward_split; where the loop has cuBLAS' batched GEMM of pointer
-        arrays, and the products are not wide), else None. `parts` holds the slices'
-        products (S, D, B, H); `table` their operands' addresses: row 0 W_hh's slices, row
-        1 the parts, row 2 + s dgh[d, s]'s slices, D*S columns each (direction-major). Made
-        before the pass is issued, outside Loop.replay's capture; None while the caller's
-        stream is being captured."""
-        S = backward_split(p.H, p.D, p.dtype.itemsize, p.math)
-        if S == 1 or self.wide(p) or not loop.has_gemm_pointers() \
-                or dev.capturing(dev.cupy()):
+        slices of k (backward_split, or wide_split for wide products; where the loop has
+        cuBLAS' batched GEMM of pointer arrays), else None. `parts` holds the slices'
+        products (S, D, B, H), in float64 where wide; `table` their operands' addresses: row
+        0 W_hh's slices (wide: its widened copy in bufs, _buffers'), row 1 the parts, row 2 +
+        s dgh[d, s]'s slices, D*S columns each (direction-major). Made before the pass is
+        issued, outside Loop.replay's capture; None while the caller's stream is being
+        captured."""
+        wide = self.wide(p)
+        S = wide_split(p.H) if wide else backward_split(p.H, p.D, p.dtype.itemsize, p.math)
+        if S == 1 or not loop.has_gemm_pointers() or dev.capturing(dev.cupy()):
             # (under a caller's CUDA graph capture, e.g. torch.cuda.graph, the table could
             # neither be uploaded nor kept for the graph's life: one product a step)
             return None
-        T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
+        T, B, H, D = p.T, p.B, p.H, p.D
+        it = 8 if wide else p.dtype.itemsize
         G, ks = 3 * H, 3 * H // S
-        parts, = dev.scratch("split", p.dtype, (S * D * B * H,))
-        w_hh, dgh, out = p.w_hh.data.ptr, p.dgh.data.ptr, parts.data.ptr
+        parts, = dev.scratch("split", np.float64 if wide else p.dtype, (S * D * B * H,))
+        w_hh = bufs[1].data.ptr if wide else p.w_hh.data.ptr
+        dgh, out = p.dgh.data.ptr, parts.data.ptr
 
         def build():
             d, j = np.divmod(np.arange(D * S, dtype=np.int64), S)
@@ -363,7 +383,10 @@ class StepsPlan:
         if start:
             self.start_backward(p)
         if wide:
-            return self._wide_backward_step(loop, p, bufs or self._buffers(p, True, True))
+            bufs = bufs or self._buffers(p, True, True)
+            if split is _MAKE_SPLIT:
+                split = self.split_product(loop, p, bufs)
+            return self._wide_backward_step(loop, p, bufs, split)
         dh = p.dh0
         if split is _MAKE_SPLIT:
             split = self.split_product(loop, p)
@@ -380,9 +403,9 @@ class StepsPlan:
                       T * B * G, 1.0, dhp, H, B * H, D)
         return pointwise, product, dh
 
-    def _wide_backward_step(self, loop, p, bufs):
+    def _wide_backward_step(self, loop, p, bufs, split=None):
         """backward_step's calls with wide products (bufs: (dh, w64) in float64; the gate
-        gradients p.dgi and p.dgh are float64)."""
+        gradients p.dgi and p.dgh are float64; `split`: split_product's, or None)."""
         T, B, H, D = p.T, p.B, p.H, p.D
         G = 3 * H
         dh, w64 = bufs
@@ -396,11 +419,15 @@ class StepsPlan:
                 convert(loop, p.dh0, dh, D * B * H)
             launch(s)
         w, dgh, c = w64.data.ptr, p.dgh.data.ptr, dh.data.ptr
+        sliced = None if split is None else self._split_product(loop, p, split, dh)
 
         def product(s, _keep=bufs):
-            # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
-            loop.gemm(False, False, H, B, G, w, H, G * H, dgh + s * B * G * 8, G, T * B * G,
-                      1.0, c, H, B * H, D, wide=True)
+            if sliced is not None:
+                sliced(s)
+            else:
+                # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
+                loop.gemm(False, False, H, B, G, w, H, G * H, dgh + s * B * G * 8, G,
+                          T * B * G, 1.0, c, H, B * H, D, wide=True)
             if s == 0:
                 convert(loop, dh, p.dh0, D * B * H)
         return pointwise, product, p.dh0
@@ -414,13 +441,14 @@ class StepsPlan:
         B, H, D = p.B, p.H, p.D
         G, n, row = 3 * H, D * B * H, D * S * 8
         base = table.data.ptr
-        add = dev.kernel("gru_tail.cu", cat.add_chunks(p.ctype))
+        wide = parts.dtype != p.dtype       # (float64 slices of a wide pass, into its dh)
+        add = dev.kernel("gru_tail.cu", cat.add_chunks(cat.CTYPE[parts.dtype.itemsize]))
         grid = (min(-(-n // cat.STEP_THREADS), 4096),)
         args = {"part": parts, "out": dh, "n": n, "ld": n, "chunks": S}
 
         def product(s, _keep=split):
             loop.gemm_pointers(False, False, H, B, G // S, base, H, base + (2 + s) * row, G,
-                               0.0, base + row, H, D * S)
+                               0.0, base + row, H, D * S, wide=wide)
             loop.launch(add, grid, (cat.STEP_THREADS,), args)
         return product
 
@@ -439,7 +467,7 @@ class StepsPlan:
         self.start_backward(p)
         wide = self.wide(p)
         bufs = self._buffers(p, wide, True)
-        split = self.split_product(loop, p)
+        split = self.split_product(loop, p, bufs)
 
         def issue(into):
             pointwise, product, _ = self.backward_step(into, p, start=False, split=split,

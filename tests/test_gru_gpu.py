@@ -920,9 +920,10 @@ def test_steps_path_splits_the_backward_product(cp, rng, monkeypatch, H, bi):
     g = to_gpu(cp, cast(p, np.float32))
     calls, gemm_pointers = [], _device.Loop.gemm_pointers
 
-    def counted(self, *args):
+    def counted(self, *args, **kw):
         calls.append(args[-1])                   # (the batch: D * S slice products)
-        return gemm_pointers(self, *args)
+        assert not kw.get("wide")                # (16 and 48 rows: float32 products)
+        return gemm_pointers(self, *args, **kw)
     monkeypatch.setattr(_device.Loop, "gemm_pointers", counted)
     plans.clear_graphs()           # (the first call then issues its steps: no cached graph)
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
@@ -940,33 +941,44 @@ def _wide_gpu():
 
 # (the forward pass's limits: 16 rows, H = 512; the backward pass's: 128 rows; H not a
 # multiple of 4 or 8, one and two directions, variable lengths; the projection's: 256
-# inputs)
-@pytest.mark.parametrize("B,H,bi,lengths,I", [(16, 512, False, False, 5),
-                                              (17, 515, True, True, 256),
-                                              (128, 512, True, False, 300),
-                                              (130, 522, False, True, 255)])
-def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, I):
+# inputs; the backward product in one piece and split, wide_split)
+@pytest.mark.parametrize("B,H,bi,lengths,I,slices", [(16, 512, False, False, 5, 1),
+                                                     (17, 515, True, True, 256, 1),
+                                                     (128, 512, True, False, 300, 1),
+                                                     (128, 512, True, False, 300, 3),
+                                                     (130, 522, False, True, 255, 1),
+                                                     (130, 522, False, True, 255, 6)])
+def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, I, slices):
     """path="steps" on float32 data under math="strict" where wide_products holds: the
     recurrent products of the forward pass (from 16 rows) with the projection (from 256
     inputs), and of the backward pass with its tail (from 128 rows), go through the loop's
-    float64 GEMM; each saved hn (W_hn h + b_hn) lies within half an ulp of the float64
+    float64 GEMMs (the backward one whole, or split into `slices` slices of k, a batched
+    call of pointer tables, wide_split); each saved hn (W_hn h + b_hn) lies within half an ulp of the float64
     product plus half an ulp of its sum with the bias (the product rounded once), which
     the float32 products (WIDE off) miss; the results are the oracle's, and the same bits
     on a second and third run (CUDA graph replays)."""
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
     T = 3
+    monkeypatch.setattr(_plan, "WIDE_SPLIT_SLICES", slices)
+    assert _plan.wide_split(H) == slices
     assert plans.wide_products(B, H, 4, "strict")
     assert _plan.wide_projection(I) == (I >= 256)
     assert plans.wide_products(B, H, 4, "strict", backward=True) == (B >= 128)
     p = problem(rng, T, B, I, H, bi, lengths=lengths)
     g = to_gpu(cp, cast(p, np.float32))
-    calls, gemm = [], _device.Loop.gemm
+    calls, pointer_calls = [], []
+    gemm, gemm_pointers = _device.Loop.gemm, _device.Loop.gemm_pointers
 
     def counted(self, *args, **kw):
         calls.append((args[2:5], kw.get("wide", False)))    # ((m, n, k), wide)
         return gemm(self, *args, **kw)
+
+    def counted_pointers(self, *args, **kw):
+        pointer_calls.append((args[2:5], kw.get("wide", False)))
+        return gemm_pointers(self, *args, **kw)
     monkeypatch.setattr(_device.Loop, "gemm", counted)
+    monkeypatch.setattr(_device.Loop, "gemm_pointers", counted_pointers)
 
     def hn_error(wide):
         monkeypatch.setattr(_plan, "WIDE", wide)
@@ -986,15 +998,20 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     assert hn_error(True).max() <= 1 + 1e-6
     assert calls and all(w for (m, n, k), w in calls if (m, n, k) == (3 * H, B, H))
     calls.clear()
+    pointer_calls.clear()
     plans.clear_graphs()
     got = [cp.asnumpy(a) for a in run(g, path="steps")]
     # (below 128 rows the backward product is float32's split one, Loop.gemm_pointers,
     # and the tail float32's)
-    D, G = (2 if bi else 1), 3 * H
+    D, G, S = (2 if bi else 1), 3 * H, _plan.wide_split(H)
     widened = {(3 * H, B, H)} | ({(D * G, T * B, I)} if I >= 256 else set())
     if B >= 128:
-        widened |= {(H, B, G), (I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B),
-                    (G, 1, T * B), (I, T * B, D * G)}
+        widened |= {(I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B), (G, 1, T * B),
+                    (I, T * B, D * G)} | ({(H, B, G)} if S == 1 else set())
+        assert set(pointer_calls) == ({((H, B, G // S), True)} if S > 1 else set())
+        assert len(pointer_calls) % T == 0          # (one call a step)
+    else:
+        assert pointer_calls and not any(w for _, w in pointer_calls)
     assert {mnk for mnk, _ in calls} >= widened
     assert all(w == (mnk in widened) for mnk, w in calls)
     _check(got, p, np.float32)

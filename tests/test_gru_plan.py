@@ -98,12 +98,13 @@ class HostLoop:
     def has_gemm_pointers(self):
         return True
 
-    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch,
+                      wide=False):
         """The batched GEMM of pointer arrays: each item's addresses read from the tables at
-        A, B and C (device arrays of uint64), then gemm on each."""
+        A, B and C (device arrays of uint64), then gemm on each (`wide`: in float64)."""
         for a, b, c in zip(*(_table(t, batch) for t in (A, B, C))):
             self.gemm(transa, transb, m, n, k, int(a), lda, 0, int(b), ldb, 0, beta, int(c),
-                      ldc, 0)
+                      ldc, 0, wide=wide)
 
     def launch(self, kern, grid, block, args, *, shared_mem=0, cooperative=False):
         kern(grid, block, shared_mem, cooperative, **args)
@@ -196,11 +197,13 @@ class KeyedLoop(HostLoop):
         super().gemm(transa, transb, m, n, k, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
                      math, wide)
 
-    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch):
+    def gemm_pointers(self, transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch,
+                      wide=False):
         for table in (A, B, C):
             self._named(table, batch * 8)
         # (each item's operands are checked by gemm against the key's buffers)
-        super().gemm_pointers(transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch)
+        super().gemm_pointers(transa, transb, m, n, k, A, lda, B, ldb, beta, C, ldc, batch,
+                              wide)
 
     def _arrays_named(self, values):
         for value in values:
@@ -827,12 +830,14 @@ def host_device(monkeypatch):
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
-@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection",
-                         [(3, 2, 4, 5, False, True, False, True),
-                          (4, 3, 2, 3, True, True, True, True),
-                          (5, 1, 3, 2, True, False, False, False)])
+@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection,slices",
+                         [(3, 2, 4, 5, False, True, False, True, 1),
+                          (4, 3, 2, 3, True, True, True, True, 1),
+                          (5, 1, 3, 2, True, False, False, False, 1),
+                          (3, 2, 4, 5, False, True, False, True, 3),
+                          (4, 3, 2, 4, True, True, True, False, 4)])
 def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
-                                          lengths, projection):
+                                          lengths, projection, slices):
     """The per-step path on float32 data with its recurrent products in float64
     (wide_products, its limits lowered to these shapes, on a stand-in sm_90): W_hh, h0 and
     the carried gradient widened and rounded back, the steps reading and writing their
@@ -840,12 +845,18 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     float32's tolerance, inference the training pass's; the projection, every recurrent
     product of both passes and the tail's products (dW_ih, dW_hh, the bias sums, dx) ran
     in float64 (the projection where wide_projection holds: `projection`, its limit set
-    each side of I), and no other product. Off (WIDE = False) they run in float32."""
+    each side of I), and no other product. The backward product splits into `slices`
+    slices of k (wide_split; 1: one product a step): D * slices float64 products of k/slices
+    terms a step, added into the widened carried gradient. Off (WIDE = False) they run in
+    float32."""
     from types import SimpleNamespace
 
     from cugru import _plan
     for name in ("WIDE_MIN_H", "WIDE_MIN_ROWS", "WIDE_BACKWARD_MIN_ROWS"):
         monkeypatch.setattr(_plan, name, 1)
+    monkeypatch.setattr(_plan, "WIDE_SPLIT_SLICES", slices)
+    monkeypatch.setattr(_plan, "WIDE_SPLIT_MIN_TERMS", 1)
+    assert _plan.wide_split(H) == slices
     monkeypatch.setattr(_plan, "WIDE_MIN_INPUTS", I if projection else I + 1)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=90, id=0))
@@ -875,10 +886,13 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
         for a, b in zip(*outs):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-        # (two forward passes, then the backward pass's products)
-        assert HostLoop.wide == (forward * 2 + [(H, B, G, D)] * T + tail if wide else [])
+        # (two forward passes, then the backward pass's products: a batched call of
+        # pointer tables runs here as one product per item)
+        steps = [(H, B, G, D)] if slices == 1 else [(H, B, G // slices, 1)] * (D * slices)
+        assert HostLoop.wide == (forward * 2 + steps * T + tail if wide else [])
         backward = [q[:4] for q in HostLoop.products]
-        assert backward.count((H, B, 3 * H, D)) == T
+        steps = steps if wide else [(H, B, G, D)]       # (float32: backward_split's 1 here)
+        assert backward.count(steps[0]) == len(steps) * T
 
 
 def test_wide_products_take_float32_strict_shapes_on_the_measured_side_of_their_limits(
