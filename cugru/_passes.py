@@ -312,7 +312,8 @@ def wide_tail(p, loop):
     over all T*B rows at once, on x, hs and W_ih widened exactly, into a float64 twin of
     p.grads (and dx into x's widened copy, once dW_ih has read it); each result rounded
     once to float32. The bias gradients are float64 sums too (products with a vector of
-    ones)."""
+    ones); db_hh's r and z parts are db_ih's (the gate gradients of r and z are the same
+    values in dgi and dgh), so of dgh only the n gate's columns are summed."""
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB, DG = 3 * H, T * B, D * 3 * H
     n_ih, n_hh = DG * I, DG * H
@@ -329,18 +330,21 @@ def wide_tail(p, loop):
     # per direction d: dW_hh[d]' (H, 3H) = hs[d, :T]' (H, T*B) @ dgh[d] (T*B, 3H)
     loop.gemm(False, True, H, G, TB, hw.data.ptr, H, (T + 1) * B * H, dgh, G, TB * G, 0.0,
               out + n_ih * 8, H, G * H, D, wide=True)
-    # db_ih (D*3H) = dgi' @ ones; per direction d: db_hh[d] (3H) = dgh[d]' @ ones
+    # db_ih (D*3H) = dgi' @ ones; per direction d: db_hh[d] (3H) = db_ih[d]'s r and z,
+    # then dgh[d]'s n columns' @ ones
+    o_bih, o_bhh = n_ih + n_hh, n_ih + n_hh + DG
     loop.gemm(False, False, DG, 1, TB, dgi, DG, 0, ones.data.ptr, TB, 0, 0.0,
-              out + (n_ih + n_hh) * 8, DG, 0, wide=True)
-    loop.gemm(False, False, G, 1, TB, dgh, G, TB * G, ones.data.ptr, TB, 0, 0.0,
-              out + (n_ih + n_hh + DG) * 8, G, G, D, wide=True)
+              out + o_bih * 8, DG, 0, wide=True)
+    for d in range(D):
+        dev.copy_bytes(out + (o_bhh + d * G) * 8, out + (o_bih + d * G) * 8, 2 * H * 8)
+    loop.gemm(False, False, H, 1, TB, dgh + 2 * H * 8, G, TB * G, ones.data.ptr, TB, 0, 0.0,
+              out + (o_bhh + 2 * H) * 8, G, G, D, wide=True)
     # dx' (I, T*B) = W_ih'' (I, D*3H) @ dgi' (D*3H, T*B), into xw
     loop.gemm(False, False, I, TB, DG, w.data.ptr, I, 0, dgi, DG, 0, 0.0, xw.data.ptr, I, 0,
               wide=True)
     _plan.convert(loop, xw, p.dx, TB * I)
     grads = p.grads
     _plan.convert(loop, gw, grads, total)
-    o_bih = n_ih + n_hh
     return (p.dx, grads[:n_ih].reshape(D, G, I), grads[n_ih:o_bih].reshape(D, G, H),
             grads[o_bih:o_bih + DG].reshape(D, G), grads[o_bih + DG:].reshape(D, G))
 

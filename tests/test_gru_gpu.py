@@ -1006,7 +1006,8 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     D, G, S = (2 if bi else 1), 3 * H, _plan.wide_split(H)
     widened = {(3 * H, B, H)} | ({(D * G, T * B, I)} if I >= 256 else set())
     if B >= 128:
-        widened |= {(I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B), (G, 1, T * B),
+        # (db_hh: its n gate's sums alone, r and z are db_ih's)
+        widened |= {(I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B), (H, 1, T * B),
                     (I, T * B, D * G)} | ({(H, B, G)} if S == 1 else set())
         assert set(pointer_calls) == ({((H, B, G // S), True)} if S > 1 else set())
         assert len(pointer_calls) % T == 0          # (one call a step)

@@ -868,7 +868,8 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
     G = 3 * H
     forward = [(D * G, T * B, I, 1)] * projection + [(G, B, H, D)] * T
-    tail = [(I, D * G, T * B, 1), (H, G, T * B, D), (D * G, 1, T * B, 1), (G, 1, T * B, D),
+    # (db_hh's r and z parts copied from db_ih's: of dgh the n gate's columns alone summed)
+    tail = [(I, D * G, T * B, 1), (H, G, T * B, D), (D * G, 1, T * B, 1), (H, 1, T * B, D),
             (I, T * B, D * G, 1)]
     for wide in (True, False):
         monkeypatch.setattr(_plan, "WIDE", wide)
