@@ -238,8 +238,8 @@ class StepsPlan:
     products in float64 on widened operands: the forward kernel reads the product (and,
     from WIDE_MIN_INPUTS inputs, the projection) as float64 and also writes the h the next
     product reads, widened; the backward kernel stores the gate gradients as float64, and
-    each step's product reads that step's d_gate_h there (cugru._passes runs the
-    projection and the tail in float64 too)."""
+    each step's product reads that step's d_gate_h there, split along k where wide_split
+    says so (cugru._passes runs the projection and the tail in float64 too)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)

@@ -13,7 +13,10 @@ with WIDE_SPLIT_SLICES set to S: the backward pass's device ms (CUDA events arou
 back gru_backward calls on one forward's history, the slice counts timed in turn over
 ROUNDS rounds, the median), whether two calls give the same bits, and the normwise error of
 dx, dh0, dW_ih and dW_hh against the float64 pass of the same inputs. A shape whose backward
-pass is not wide on this GPU is reported and skipped.
+pass is not wide on this GPU is reported and skipped. A slice count whose parts (S x D x
+B x H float64) exceed cugru._device.SCRATCH_BYTES is marked: its parts are allocated on
+each call, so its pointer table and graph may be rebuilt between calls (a time above the
+kernels' own).
 """
 import contextlib
 import os
@@ -88,7 +91,10 @@ def main(argv=None):
     import cugru
     from bench.paths import ALL
     from bench.shapes import make_problem
-    from cugru import _plan, plans
+    from cugru import _device, _plan, plans
+    if not _device.has_batched_pointers():
+        raise SystemExit("the split needs cuBLAS' batched GEMM of pointer tables, not found "
+                         "here (cugru._device.has_batched_pointers): every count runs unsplit")
     print("| id | T, B, I, H, bi | slices | backward ms | same bits twice | dx | dh0 | dW_ih | "
           "dW_hh |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -98,7 +104,7 @@ def main(argv=None):
             print(f"| {sid} | {T}, {B}, {I}, {H}, {bi} | not wide on this GPU | | | | | | |")
             continue
         prob = make_problem(T, B, I, H, bi)
-        ref, calls = None, {}
+        ref = None
         for dt in (np.float64, np.float32):
             a = {k: cp.asarray(v.astype(dt)) for k, v in prob.items() if k != "bi"}
             w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
@@ -118,13 +124,15 @@ def main(argv=None):
                 first, second = backward(), backward()
             same = all(bool(cp.array_equal(u, v)) for u, v in zip(first, second))
             errs = [normwise(cp, first[i], ref[i]) for i in (0, 1, 2, 3)]
-            print(f"| {sid} | {T}, {B}, {I}, {H}, {bi} | {S} | "
+            parts = S * (2 if bi else 1) * B * H * 8 if S > 1 else 0
+            big = " (parts beyond the kept scratch)" if parts > _device.SCRATCH_BYTES else ""
+            print(f"| {sid} | {T}, {B}, {I}, {H}, {bi} | {S}{big} | "
                   f"{statistics.median(times[S]):.3f} | {same} | "
                   + " | ".join(f"{e:.1e}" for e in errs) + " |")
         skipped = sorted(set(args.slices) - set(counts))
         if skipped:
-            print(f"| {sid} | | {skipped}: not a split of k = {3 * H} into slices of 64 "
-                  f"or more | | | | | | |")
+            print(f"| {sid} | | {skipped}: not a split of k = {3 * H} into slices of "
+                  f"{_plan.WIDE_SPLIT_MIN_TERMS} or more | | | | | | |")
 
 
 def _with(S, fn):
