@@ -75,10 +75,11 @@ SPLIT_MAX_SLICES = 24
 #: a wide backward pass (wide_products: float64 products on float32 data) splits its
 #: per-step product (k = 3H) into this many slices where they divide k (1: one product a
 #: step), the slices' float64 products added into the float64 carried gradient as above
-#: (wide_split), slices of WIDE_SPLIT_MIN_TERMS terms at least. 1 (off) until
-#: tools/wide_split_probe.py has timed the slice counts on a GPU (the lever: S10's
-#: backward product took 21.5 µs a step against the forward's 18.7 for the same
-#: multiply-adds on an H100, bench.gru at 00fad17; docs/performance.md)
+#: (wide_split), slices of WIDE_SPLIT_MIN_TERMS terms at least. 1 (off): measured on an
+#: H100 (tools/wide_split_probe.py at 5e8f4ba, backward ms, 1/2/3/4/6/8 slices): S10
+#: 3.950/3.924/4.231/3.995/4.530/4.356, W1 3.305/3.666/3.531/3.245/3.600/3.341, W2
+#: 8.326/9.799/9.289/9.181/9.659/9.699, W3 3.620/3.744/3.731/3.430/3.911/3.603; no count
+#: gains on every shape, and S10's best (2 slices) is within the rounds' spread
 WIDE_SPLIT_SLICES = 1
 WIDE_SPLIT_MIN_TERMS = 64
 #: path="auto" takes a grid-scope tile plan up to this many waves of groups (each wave runs
