@@ -50,14 +50,6 @@ WGRAD_STRICT_MACS = 1 << 27
 #: gru_bias_sums, in double (for float32 data: within a float32 unit of the exact sum); more
 #: rows take float32 GEMMs with a vector of ones, in the weight gradients' chunks
 BIAS_KERNEL_ROWS = 2048
-#: a wide tail (wide_tail: float64 gate gradients) sums dW_ih and dW_hh over the T*B rows
-#: in up to this many chunks of at least MIN_CHUNK_ROWS rows (row_chunks), each chunk's
-#: float64 products batched into one call per weight (and direction), the chunks' sums
-#: added in chunk order (gru_sum_chunks): a product of few output tiles and a long sum
-#: (S10's dW_ih: 512 x 3072 outputs, 12800 terms) then runs on more of the chip's SMs, at
-#: the cost of the chunks' partial results (chunks x 8 bytes x the weights). 1: one
-#: product each, summed over all rows
-WIDE_WGRAD_CHUNKS = 1
 
 
 def wide_pass(plan, B, H, dtype, math, qat=False, backward=False) -> bool:
@@ -319,45 +311,28 @@ def wide_tail(p, loop):
     """tail for a wide pass (wide_pass: float64 gate gradients): every product in float64
     over all T*B rows at once, on x, hs and W_ih widened exactly, into a float64 twin of
     p.grads (and dx into x's widened copy, once dW_ih has read it); each result rounded
-    once to float32. dW_ih and dW_hh sum the rows in WIDE_WGRAD_CHUNKS chunks (row_chunks;
-    the chunks' float64 sums added in chunk order). The bias gradients are float64 sums too
-    (products with a vector of ones); db_hh's r and z parts are db_ih's (the gate
-    gradients of r and z are the same values in dgi and dgh), so of dgh only the n gate's
-    columns are summed."""
+    once to float32. The bias gradients are float64 sums too (products with a vector of
+    ones); db_hh's r and z parts are db_ih's (the gate gradients of r and z are the same
+    values in dgi and dgh), so of dgh only the n gate's columns are summed."""
     T, B, I, H, D = p.T, p.B, p.I, p.H, p.D
     G, TB, DG = 3 * H, T * B, D * 3 * H
     n_ih, n_hh = DG * I, DG * H
-    W, total = n_ih + n_hh, n_ih + n_hh + 2 * DG
-    chunks = row_chunks(TB, WIDE_WGRAD_CHUNKS)
-    parts = ((len(chunks) * W,),) if len(chunks) > 1 else ()
-    xw, hw, w, gw, *part = dev.scratch("tail wide", np.float64, (TB * I,),
-                                       (D * (T + 1) * B * H,), (n_ih,), (total,), *parts)
+    total = n_ih + n_hh + 2 * DG
+    xw, hw, w, gw = dev.scratch("tail wide", np.float64, (TB * I,), (D * (T + 1) * B * H,),
+                                (n_ih,), (total,))
     ones = dev.ones(TB, np.float64)      # (kept alive while its address is used)
     _plan.convert(loop, p.x, xw, TB * I)
     _plan.convert(loop, p.hs, hw, D * (T + 1) * B * H)
     _plan.convert(loop, p.w_ih, w, n_ih)
     dgi, dgh, out = p.dgi.data.ptr, p.dgh.data.ptr, gw.data.ptr
-    # (the weights' sums into out, or chunk k's into part[k]; one chunk: a call batched
-    # over the directions, else a call a direction batched over the chunks)
-    into, ld = (part[0].data.ptr, W) if part else (out, 0)
-    for k0, n, count in chunk_runs(chunks):
-        r0, at = chunks[k0][0], into + k0 * W * 8
-        # dW_ih' (I, D*3H) = x[rows]' (I, n) @ dgi[rows] (n, D*3H): both directions at once
-        loop.gemm(False, True, I, DG, n, xw.data.ptr + r0 * I * 8, I, n * I,
-                  dgi + r0 * DG * 8, DG, n * DG, 0.0, at, I, ld, count, wide=True)
-        # per direction d: dW_hh[d]' (H, 3H) = hs[d, rows]' (H, n) @ dgh[d, rows] (n, 3H)
-        dirs, batch, strides = ([0], D, ((T + 1) * B * H, TB * G, G * H)) if not part else             (range(D), count, (n * H, n * G, W))
-        for d in dirs:
-            loop.gemm(False, True, H, G, n, hw.data.ptr + (d * (T + 1) * B + r0) * H * 8, H,
-                      strides[0], dgh + (d * TB + r0) * G * 8, G, strides[1], 0.0,
-                      at + (n_ih + d * G * H) * 8, H, strides[2], batch, wide=True)
-    if part:
-        loop.launch(dev.kernel("gru_tail.cu", cat.sum_chunks("double")),
-                    (min(-(-W // cat.STEP_THREADS), 4096),), (cat.STEP_THREADS,),
-                    {"part": part[0], "out": gw, "n": W, "ld": W, "chunks": len(chunks)})
+    # dW_ih' (I, D*3H) = x' (I, T*B) @ dgi (T*B, D*3H): both directions at once
+    loop.gemm(False, True, I, DG, TB, xw.data.ptr, I, 0, dgi, DG, 0, 0.0, out, I, 0, wide=True)
+    # per direction d: dW_hh[d]' (H, 3H) = hs[d, :T]' (H, T*B) @ dgh[d] (T*B, 3H)
+    loop.gemm(False, True, H, G, TB, hw.data.ptr, H, (T + 1) * B * H, dgh, G, TB * G, 0.0,
+              out + n_ih * 8, H, G * H, D, wide=True)
     # db_ih (D*3H) = dgi' @ ones; per direction d: db_hh[d] (3H) = db_ih[d]'s r and z,
     # then dgh[d]'s n columns' @ ones
-    o_bih, o_bhh = W, W + DG
+    o_bih, o_bhh = n_ih + n_hh, n_ih + n_hh + DG
     loop.gemm(False, False, DG, 1, TB, dgi, DG, 0, ones.data.ptr, TB, 0, 0.0,
               out + o_bih * 8, DG, 0, wide=True)
     for d in range(D):
@@ -380,20 +355,10 @@ def wgrad_math(math, macs):
     return "strict" if math == "tf32" and macs <= WGRAD_STRICT_MACS else math
 
 
-def row_chunks(rows, most=None):
-    """(first row, row count) of each chunk of the weight-gradient sums: up to `most`
-    (WGRAD_CHUNKS where None) chunks of at least MIN_CHUNK_ROWS rows, all of one length
-    but a shorter last one."""
-    per = max(MIN_CHUNK_ROWS, -(-rows // (most or WGRAD_CHUNKS)))
+def row_chunks(rows):
+    """(first row, row count) of each chunk of the weight-gradient sums."""
+    per = max(MIN_CHUNK_ROWS, -(-rows // WGRAD_CHUNKS))
     return [(r0, min(per, rows - r0)) for r0 in range(0, rows, per)]
-
-
-def chunk_runs(chunks):
-    """(first chunk, rows per chunk, chunk count) of the calls batched over row_chunks'
-    `chunks`: the full chunks in one, then a shorter last one in another."""
-    per = chunks[0][1]
-    nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
-    return [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
 
 
 def weight_grads(loop, p):
@@ -428,7 +393,10 @@ def weight_grads(loop, p):
     batched = len(chunks) * total * it <= max(WGRAD_PARTIAL_BYTES,
                                               WGRAD_PARTIAL_DGI * TB * D * G * it)
     if batched:
-        runs = chunk_runs(chunks)
+        per = chunks[0][1]
+        nfull = len(chunks) if chunks[-1][1] == per else len(chunks) - 1
+        # (first chunk, rows per chunk, chunks): the full chunks, then a shorter last one
+        runs = [(0, per, nfull)] + ([(nfull, chunks[-1][1], 1)] if nfull < len(chunks) else [])
         part = grads if len(chunks) == 1 else dev.scratch("chunks", dt, (len(chunks), total))[0]
     else:
         runs = [(k, n, 1) for k, (r0, n) in enumerate(chunks)]

@@ -941,18 +941,14 @@ def _wide_gpu():
 
 # (the forward pass's limits: 16 rows, H = 512; the backward pass's: 128 rows; H not a
 # multiple of 4 or 8, one and two directions, variable lengths; the projection's: 256
-# inputs; the backward product in one piece and split, wide_split; the tail's weight sums
-# over all rows and in chunks, WIDE_WGRAD_CHUNKS)
-@pytest.mark.parametrize("B,H,bi,lengths,I,slices,chunks",
-                         [(16, 512, False, False, 5, 1, 1),
-                          (17, 515, True, True, 256, 1, 1),
-                          (128, 512, True, False, 300, 1, 1),
-                          (128, 512, True, False, 300, 3, 1),
-                          (128, 512, True, False, 300, 1, 2),
-                          (130, 522, False, True, 255, 1, 1),
-                          (130, 522, False, True, 255, 6, 4)])
-def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, I, slices,
-                                       chunks):
+# inputs; the backward product in one piece and split, wide_split)
+@pytest.mark.parametrize("B,H,bi,lengths,I,slices", [(16, 512, False, False, 5, 1),
+                                                     (17, 515, True, True, 256, 1),
+                                                     (128, 512, True, False, 300, 1),
+                                                     (128, 512, True, False, 300, 3),
+                                                     (130, 522, False, True, 255, 1),
+                                                     (130, 522, False, True, 255, 6)])
+def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, I, slices):
     """path="steps" on float32 data under math="strict" where wide_products holds: the
     recurrent products of the forward pass (from 16 rows) with the projection (from 256
     inputs), and of the backward pass with its tail (from 128 rows), go through the loop's
@@ -960,15 +956,11 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     call of pointer tables, wide_split); each saved hn (W_hn h + b_hn) lies within half an
     ulp of the float64 product plus half an ulp of its sum with the bias (the product
     rounded once), which the float32 products (WIDE off) miss; the results are the
-    oracle's, and the same bits on a second and third run (CUDA graph replays). The
-    tail's dW_ih and dW_hh sum the rows in up to `chunks` chunks of at least 256 rows
-    (row_chunks: 3 x 128 rows in 256 and 128, 3 x 130 in 256 and 134)."""
+    oracle's, and the same bits on a second and third run (CUDA graph replays)."""
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
     T = 3
     monkeypatch.setattr(_plan, "WIDE_SPLIT_SLICES", slices)
-    monkeypatch.setattr(_passes, "WIDE_WGRAD_CHUNKS", chunks)
-    monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 256)
     assert _plan.wide_split(H) == slices
     assert plans.wide_products(B, H, 4, "strict")
     assert _plan.wide_projection(I) == (I >= 256)
@@ -1015,11 +1007,8 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     widened = {(3 * H, B, H)} | ({(D * G, T * B, I)} if I >= 256 else set())
     if B >= 128:
         # (db_hh: its n gate's sums alone, r and z are db_ih's)
-        rows = {n for _, n in _passes.row_chunks(T * B, chunks)}
-        assert len(rows) == (1 if chunks == 1 else 2)
-        widened |= {(D * G, 1, T * B), (H, 1, T * B), (I, T * B, D * G)} \
-            | {(I, D * G, n) for n in rows} | {(H, G, n) for n in rows} \
-            | ({(H, B, G)} if S == 1 else set())
+        widened |= {(I, D * G, T * B), (H, G, T * B), (D * G, 1, T * B), (H, 1, T * B),
+                    (I, T * B, D * G)} | ({(H, B, G)} if S == 1 else set())
         # (one batched call a step, issued once: no cached graph after clear_graphs)
         assert pointer_calls == ([((H, B, G // S), True)] * T if S > 1 else [])
     else:
@@ -1032,23 +1021,17 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
         assert all(np.array_equal(a, b) for a, b in zip(got, again))
 
 
-@pytest.mark.parametrize("T,B,I,H,bi,lengths,chunks", [(3, 128, 5, 512, True, False, 1),
-                                                        (4, 130, 7, 522, False, True, 1),
-                                                        (3, 128, 5, 512, True, False, 3),
-                                                        (4, 130, 7, 522, False, True, 4)])
+@pytest.mark.parametrize("T,B,I,H,bi,lengths", [(3, 128, 5, 512, True, False),
+                                                 (4, 130, 7, 522, False, True)])
 def test_wide_tail_rounds_each_float64_product_once(cp, rng, monkeypatch, T, B, I, H, bi,
-                                                    lengths, chunks):
+                                                    lengths):
     """A wide backward pass (wide_products, from 128 rows) stores its gate gradients as
     float64, and its tail's every result (dx, dW_ih, dW_hh, db_ih, db_hh) lies within half
     an ulp of the float64 product (or sum) of those gate gradients and the float32 operands
-    (plus the float64 sums' own rounding): each product rounded once, with dW_ih and
-    dW_hh summed over all rows or in up to `chunks` chunks (WIDE_WGRAD_CHUNKS; chunks of at
-    least 256 rows: 384 rows in 2, 520 in 3). The float32 tail (WIDE off) misses that
-    bound."""
+    (plus the float64 sums' own rounding): each product rounded once. The float32 tail
+    (WIDE off) misses that bound."""
     if not _wide_gpu():
         pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
-    monkeypatch.setattr(_passes, "WIDE_WGRAD_CHUNKS", chunks)
-    monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 256)
     g = to_gpu(cp, cast(problem(rng, T, B, I, H, bi, lengths=lengths), np.float32))
     D = 2 if bi else 1
 

@@ -830,17 +830,14 @@ def host_device(monkeypatch):
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
-@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection,slices,chunks",
-                         [(3, 2, 4, 5, False, True, False, True, 1, 1),
-                          (4, 3, 2, 3, True, True, True, True, 1, 1),
-                          (5, 1, 3, 2, True, False, False, False, 1, 1),
-                          (3, 2, 4, 5, False, True, False, True, 3, 1),
-                          (4, 3, 2, 4, True, True, True, False, 4, 1),
-                          (4, 3, 2, 3, True, True, True, True, 1, 4),
-                          (5, 1, 3, 2, True, False, False, False, 1, 3),
-                          (3, 2, 4, 5, False, True, False, True, 3, 2)])
+@pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection,slices",
+                         [(3, 2, 4, 5, False, True, False, True, 1),
+                          (4, 3, 2, 3, True, True, True, True, 1),
+                          (5, 1, 3, 2, True, False, False, False, 1),
+                          (3, 2, 4, 5, False, True, False, True, 3),
+                          (4, 3, 2, 4, True, True, True, False, 4)])
 def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I, H, bi, h0,
-                                          lengths, projection, slices, chunks):
+                                          lengths, projection, slices):
     """The per-step path on float32 data with its recurrent products in float64
     (wide_products, its limits lowered to these shapes, on a stand-in sm_90): W_hh, h0 and
     the carried gradient widened and rounded back, the steps reading and writing their
@@ -850,10 +847,8 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     in float64 (the projection where wide_projection holds: `projection`, its limit set
     each side of I), and no other product. The backward product splits into `slices`
     slices of k (wide_split; 1: one product a step): D * slices float64 products of k/slices
-    terms a step, added into the widened carried gradient. The tail's dW_ih and dW_hh sum
-    the rows in `chunks` chunks (WIDE_WGRAD_CHUNKS, chunks of one row at least here): a call
-    batched over the chunks for dW_ih and one a direction for dW_hh, and a shorter last
-    chunk its own calls. Off (WIDE = False) they run in float32."""
+    terms a step, added into the widened carried gradient. Off (WIDE = False) they run in
+    float32."""
     from types import SimpleNamespace
 
     from cugru import _plan
@@ -862,9 +857,6 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     monkeypatch.setattr(_plan, "WIDE_SPLIT_SLICES", slices)
     monkeypatch.setattr(_plan, "WIDE_SPLIT_MIN_TERMS", 1)
     assert _plan.wide_split(H) == slices
-    monkeypatch.setattr(_passes, "WIDE_WGRAD_CHUNKS", chunks)
-    if chunks > 1:
-        monkeypatch.setattr(_passes, "MIN_CHUNK_ROWS", 1)
     monkeypatch.setattr(_plan, "WIDE_MIN_INPUTS", I if projection else I + 1)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=90, id=0))
@@ -876,14 +868,9 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     dev = lambda a: None if a is None else host_device(a.astype(np.float32))  # noqa: E731
     G = 3 * H
     forward = [(D * G, T * B, I, 1)] * projection + [(G, B, H, D)] * T
-    # (the weights' sums a call per run of equal chunks: for T*B rows in c chunks of
-    # ceil(T*B / c) rows, the full ones, then a shorter last one)
-    per = -(-T * B // chunks)
-    runs = [(per, T * B // per)] + [(T * B % per, 1)] * (T * B % per > 0)
-    weights_tail = [(I, D * G, T * B, 1), (H, G, T * B, D)] if chunks == 1 else \
-        [q for n, c in runs for q in [(I, D * G, n, c)] + [(H, G, n, c)] * D]
     # (db_hh's r and z parts copied from db_ih's: of dgh the n gate's columns alone summed)
-    tail = weights_tail + [(D * G, 1, T * B, 1), (H, 1, T * B, D), (I, T * B, D * G, 1)]
+    tail = [(I, D * G, T * B, 1), (H, G, T * B, D), (D * G, 1, T * B, 1), (H, 1, T * B, D),
+            (I, T * B, D * G, 1)]
     for wide in (True, False):
         monkeypatch.setattr(_plan, "WIDE", wide)
         HostLoop.wide.clear()

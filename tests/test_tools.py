@@ -353,34 +353,29 @@ def test_kernel_table_counts_overlapping_kernels_once():
 
 
 def test_the_wide_split_probe_sets_the_slices_and_restores_them():
-    """tools/wide_split_probe.py sets cugru._plan.WIDE_SPLIT_SLICES and
-    cugru._passes.WIDE_WGRAD_CHUNKS for each setting it times and restores both after, also
-    where the block raises; wide_split follows the setting (1 where the count does not
-    divide k = 3H into slices of WIDE_SPLIT_MIN_TERMS); --slices and --chunks take counts of
-    1 or more; an unknown shape id stops with argparse's error."""
+    """tools/wide_split_probe.py sets cugru._plan.WIDE_SPLIT_SLICES for each slice count it
+    times and restores the setting after, also where the block raises; wide_split follows
+    the setting (1 where the count does not divide k = 3H into slices of
+    WIDE_SPLIT_MIN_TERMS); --slices takes counts of 1 or more; an unknown shape id stops
+    with argparse's error."""
     import pytest
-    from cugru import _passes, _plan
+    from cugru import _plan
     probe = _tool("wide_split_probe.py")
-    was = _plan.WIDE_SPLIT_SLICES, _passes.WIDE_WGRAD_CHUNKS
+    was = _plan.WIDE_SPLIT_SLICES
     with probe.wide_slices(6):
         assert _plan.WIDE_SPLIT_SLICES == 6 and _plan.wide_split(512) == 6
-        assert _passes.WIDE_WGRAD_CHUNKS == 1
         # (k = 1545 is no multiple of 6; k = 300 gives slices of 50 terms)
         assert _plan.wide_split(515) == 1 and _plan.wide_split(100) == 1
-    assert (_plan.WIDE_SPLIT_SLICES, _passes.WIDE_WGRAD_CHUNKS) == was
-    with probe.wide_slices(1, 3):
-        assert (_plan.WIDE_SPLIT_SLICES, _passes.WIDE_WGRAD_CHUNKS) == (1, 3)
+    assert _plan.WIDE_SPLIT_SLICES == was
     with pytest.raises(RuntimeError, match="planted"):
-        with probe.wide_slices(4, 5):
+        with probe.wide_slices(4):
             raise RuntimeError("planted")
-    assert (_plan.WIDE_SPLIT_SLICES, _passes.WIDE_WGRAD_CHUNKS) == was
+    assert _plan.WIDE_SPLIT_SLICES == was
     assert probe.slice_counts("1,3, 8") == [1, 3, 8]
     for bad in ("", "0,2", "-1"):
         with pytest.raises(ValueError, match="--slices"):
             probe.slice_counts(bad)
-        with pytest.raises(ValueError, match="--chunks"):
-            probe.slice_counts(bad, "--chunks")
-    for argv in (["S10", "Z9"], ["S10", "--slices", "0"], ["S10", "--chunks", "1,0"]):
+    for argv in (["S10", "Z9"], ["S10", "--slices", "0"]):
         with pytest.raises(SystemExit) as e:
             probe.main(argv)
         assert e.value.code == 2
