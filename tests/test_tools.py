@@ -379,3 +379,30 @@ def test_the_wide_split_probe_sets_the_slices_and_restores_them():
         with pytest.raises(SystemExit) as e:
             probe.main(argv)
         assert e.value.code == 2
+
+
+def test_the_direction_overlap_probe_splits_a_problem_into_its_two_directions():
+    """tools/direction_overlap_probe.py's halves: each direction's weights, h0 and its half
+    of dy, contiguous, the same x; the two halves' shapes are those of a unidirectional
+    problem of the same sizes. Its arguments: unknown ids, unidirectional shapes and
+    --repeat 0 stop with argparse's error."""
+    import pytest
+
+    from bench.shapes import make_problem
+    probe = _tool("direction_overlap_probe.py")
+    prob = make_problem(3, 2, 4, 5, True)
+    uni = make_problem(3, 2, 4, 5, False)
+    parts = probe.halves(prob)
+    assert len(parts) == 2
+    for d, part in enumerate(parts):
+        assert {k: v.shape for k, v in part.items()} == \
+            {k: v.shape for k, v in uni.items() if k != "bi"}
+        assert all(v.flags.c_contiguous for v in part.values())
+        for k in ("h0", "w_ih", "w_hh", "b_ih", "b_hh"):
+            assert np.array_equal(part[k][0], prob[k][d])
+        assert np.array_equal(part["dy"], prob["dy"][..., d * 5:(d + 1) * 5])
+        assert part["x"] is prob["x"]
+    for argv in (["S10", "Z9"], ["S1"], ["S10", "--repeat", "0"]):
+        with pytest.raises(SystemExit) as e:
+            probe.main(argv)
+        assert e.value.code == 2
