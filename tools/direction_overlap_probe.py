@@ -28,6 +28,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+from large_h_probe import event_ms  # noqa: E402  (events around back-to-back calls)
 
 ROUNDS = 5
 
@@ -63,20 +66,6 @@ def halves(prob):
         one["dy"] = np.ascontiguousarray(prob["dy"][..., d * H:(d + 1) * H])
         out.append(one)
     return out
-
-
-def device_ms(cp, fn, repeat):
-    """Device ms a call of fn: CUDA events on the current stream around `repeat` calls,
-    after two untimed ones."""
-    for _ in range(2):
-        fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / repeat
 
 
 def main(argv=None):
@@ -129,7 +118,7 @@ def main(argv=None):
             times = {k: [] for k in forms}
             for _ in range(ROUNDS):
                 for k, fn in forms.items():
-                    times[k].append(device_ms(cp, fn, args.repeat))
+                    times[k].append(event_ms(cp, fn, args.repeat))
             ms = {k: statistics.median(v) for k, v in times.items()}
             print(f"| {sid} | {T}, {B}, {I}, {H} | {'train' if training else 'inference'} | "
                   f"{ms['bi']:.3f} | {ms['serial']:.3f} | {ms['streams']:.3f} | "
