@@ -437,6 +437,7 @@ class GraphCache:
 
 _GRAPHS = GraphCache()
 _SIDE: dict = {}
+_FORK: dict = {}
 
 
 def clear_graphs() -> None:
@@ -457,6 +458,27 @@ def _side_stream(cp):
         if side is None:
             side = _SIDE[key] = cp.cuda.Stream(non_blocking=True)
     return side
+
+
+def _fork_setting(cp):
+    """Loop.fork's second stream, one per device and thread, with the cuBLAS handle its
+    products run on (a handle runs on one stream at a time: the pass's own stays on the
+    pass's stream) and the two events that fork it from a pass's stream and join it back."""
+    key = (cp.cuda.runtime.getDevice(), threading.get_ident())
+    with _SCRATCH_LOCK:
+        got = _FORK.get(key)
+        if got is None:
+            from cupy_backends.cuda.libs import cublas
+            got = _FORK[key] = (cp.cuda.Stream(non_blocking=True), cublas.create(),
+                                cp.cuda.Event(disable_timing=True),
+                                cp.cuda.Event(disable_timing=True))
+    return got
+
+
+def fork_made() -> bool:
+    """Whether this device and thread has Loop.fork's stream and handle already."""
+    cp = runtime.cupy_module()
+    return (cp.cuda.runtime.getDevice(), threading.get_ident()) in _FORK
 
 
 def graph_key(*items):
@@ -496,7 +518,7 @@ class Loop:
 
     _cublas = None
 
-    def __init__(self, dtype, *, plain=None, math="strict"):
+    def __init__(self, dtype, *, plain=None, math="strict", stream=None, handle=None):
         if Loop._cublas is None:
             from cupy_backends.cuda.libs import cublas
             Loop._cublas = cublas
@@ -509,7 +531,9 @@ class Loop:
         self._direct = None
         self._lt = None           # (the device's cuBLASLt products, where they serve)
         self._bound = False
-        self.stream = runtime.cupy_module().cuda.get_current_stream().ptr
+        self._own_handle = handle     # (a fork's: _fork_setting's; None: CuPy's)
+        self.stream = runtime.cupy_module().cuda.get_current_stream().ptr if stream is None \
+            else stream
 
     def __enter__(self):
         return self
@@ -537,8 +561,9 @@ class Loop:
         bound at once (_bind_handle)."""
         self._bound = True
         self._scalars = _host_scalars(self.dtype.char)
-        self.handle = runtime.cupy_module().cuda.device.get_cublas_handle()
-        self._direct = _cublas_lib(self.handle)
+        cupys = runtime.cupy_module().cuda.device.get_cublas_handle()
+        self.handle = cupys if self._own_handle is None else self._own_handle
+        self._direct = _cublas_lib(cupys)
         lt = _CUBLAS.get("lt")
         products = products_on(lt) if lt is not None and (
             self.dtype.itemsize, self.math) in _cublaslt.COMPUTE else None
@@ -588,6 +613,35 @@ class Loop:
         before)."""
         if not self._bound:
             self._bind()
+
+    def can_fork(self) -> bool:
+        """Whether fork serves this pass: its launches are not plain (a plain launch runs
+        on CuPy's current stream) and its products go through cuBLAS' own library."""
+        self.bind()
+        return not self.plain and self._direct is not None
+
+    def fork(self):
+        """A loop of this pass on a second stream (_fork_setting's), whose calls run after
+        this loop's calls so far and beside its later ones, up to join(): two chains of
+        calls at once, eagerly or inside one captured graph (the second stream joins the
+        capture through the fork's event). Its cuBLAS products run on a handle of its own;
+        cuBLASLt takes the stream per product. Only where can_fork()."""
+        cp = runtime.cupy_module()
+        stream, handle, forked, _ = _fork_setting(cp)
+        rt = cp.cuda.runtime
+        rt.eventRecord(forked.ptr, self.stream)
+        rt.streamWaitEvent(stream.ptr, forked.ptr, 0)
+        other = Loop(self.dtype, math=self.math, stream=stream.ptr, handle=handle)
+        other.bind()
+        return other
+
+    def join(self, other):
+        """This loop's later calls run after every call of `other` (this loop's fork)."""
+        other.__exit__(None, None, None)
+        cp = runtime.cupy_module()
+        joined = _fork_setting(cp)[3]
+        cp.cuda.runtime.eventRecord(joined.ptr, other.stream)
+        cp.cuda.runtime.streamWaitEvent(self.stream, joined.ptr, 0)
 
     def replay(self, key, issue):
         """Issue the calls of ``issue(loop)`` (a pass's recurrence, whose calls touch only

@@ -226,6 +226,18 @@ def convert(loop, src, dst, n, runs=1, stride=0):
                 {"in": src, "out": dst, "n": n, "in_stride": stride})
 
 
+#: StepsPlan.streams: a bidirectional pass on the per-step path runs each direction as its
+#: own chain of products and pointwise launches, the two chains on two streams (Loop.fork),
+#: so that one direction's memory-bound pointwise launch can run beside the other's
+#: product. Off: the two run batched, one chain, in lockstep
+DIRECTION_STREAMS = False
+
+
+def _flat(a, start):
+    """Contiguous array a's elements from `start` on, flat (a view)."""
+    return a.reshape(-1)[start:]
+
+
 # ----------------------------------------------------------------------------------- steps
 #: (StepsPlan.backward_step's default: make the split product's buffers there)
 _MAKE_SPLIT = object()
@@ -262,13 +274,24 @@ class StepsPlan:
         return p.wide
 
     @staticmethod
-    def forward_args(p, gh, hw=None):
+    def forward_args(p, gh, hw=None, d0=0):
         """The forward pointwise kernel's arguments (gh: the step's recurrent product; hw:
-        the widened h of the wide products, else None)."""
+        the widened h of the wide products, else None; d0: its first direction)."""
         return {"gi": p.gi, "gh": gh, "b_ih": p.b_ih, "b_hh": p.b_hh, "hs": p.hs, "y": p.y,
                 "gates": p.y if p.gates is None else p.gates, "hw": hw,
-                "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "s": 0,
-                **p.qargs}
+                "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "S": p.S, "D": p.D,
+                "d0": d0, "s": 0, **p.qargs}
+
+    @staticmethod
+    def streams(loop, p, split=None) -> bool:
+        """Whether pass p runs its two directions apart, each its own chain of products and
+        pointwise launches on a stream of its own (Loop.fork), rather than one chain
+        batched over both: DIRECTION_STREAMS, two directions, one product a step (split:
+        split_product's), and a loop that can fork (under a caller's capture, one whose
+        fork was made before: a fork's stream and cuBLAS handle are made outside any
+        capture)."""
+        return DIRECTION_STREAMS and p.D == 2 and split is None and loop.can_fork() \
+            and (dev.fork_made() or not dev.capturing(dev.cupy()))
 
     @staticmethod
     def _buffers(p, wide, backward=False):
@@ -285,11 +308,13 @@ class StepsPlan:
         return dev.scratch("steps backward" if backward else "steps", np.float64, *shapes,
                            (D * G * H,))
 
-    def forward_step(self, loop, p, bufs=None):
+    def forward_step(self, loop, p, bufs=None, dirs=None):
         """(product(s), pointwise(s)): the two calls of forward step s (bufs: _buffers',
-        made here where None). With wide products, product(0) first widens W_hh and h0."""
+        made here where None), for the directions dirs = (d0, n): d0 .. d0 + n - 1 (None:
+        all). With wide products, product(0) first widens their W_hh and h0."""
         T, B, H, D, S, it = p.T, p.B, p.H, p.D, p.S, p.dtype.itemsize
         G = 3 * H
+        d0, n = dirs or (0, D)
         wide = self.wide(p)
         if bufs is None:
             bufs = self._buffers(p, wide)
@@ -297,48 +322,68 @@ class StepsPlan:
         hw = bufs[1] if wide else None
         kern = dev.kernel("gru_steps.cu", cat.step_forward(p.ctype, p.training, p.qat, wide,
                                                           p.gi.dtype == p.dtype))
-        pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                                self.forward_args(p, gh, hw), step_arg="s")
-        ghp = gh.data.ptr
+        pointwise = loop.kernel(kern, self.grid(B, H, n), (cat.STEP_THREADS,),
+                                self.forward_args(p, gh, hw, d0), step_arg="s")
+        ghp = gh.data.ptr + d0 * B * G * gh.dtype.itemsize
         if wide:
             w64 = bufs[2]
-            w, h, step = w64.data.ptr, hw.data.ptr, D * B * H * 8
+            w, h, step = w64.data.ptr + d0 * G * H * 8, hw.data.ptr + d0 * B * H * 8, \
+                D * B * H * 8
 
             def product(s, _keep=bufs):
                 if s == 0:
-                    convert(loop, p.w_hh, w64, D * G * H)
-                    convert(loop, p.hs, hw, B * H, D, S * B * H)
+                    convert(loop, _flat(p.w_hh, d0 * G * H), w64[d0 * G * H:], n * G * H)
+                    convert(loop, _flat(p.hs, d0 * S * B * H), hw[0, d0:], B * H, n,
+                            S * B * H)
                 # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hw[s % 2, d]' (H, B)
                 loop.gemm(True, False, G, B, H, w, H, G * H, h + (s & 1) * step, H, B * H,
-                          0.0, ghp, G, B * G, D, wide=True)
+                          0.0, ghp, G, B * G, n, wide=True)
             return product, pointwise
-        w_hh, hs = p.w_hh.data.ptr, p.hs.data.ptr
+        w_hh, hs = p.w_hh.data.ptr + d0 * G * H * it, p.hs.data.ptr + d0 * S * B * H * it
 
         def product(s, _keep=gh):
             # per direction d: gh[d]' (3H, B) = W_hh[d]' (3H, H) @ hs[d, s]' (H, B)
             loop.gemm(True, False, G, B, H, w_hh, H, G * H, hs + (s % S) * B * H * it, H,
-                      S * B * H, 0.0, ghp, G, B * G, D)
+                      S * B * H, 0.0, ghp, G, B * G, n)
         return product, pointwise
 
+    @staticmethod
+    def _chains(into, apart, make):
+        """Each chain's calls of a pass: one over all directions in `into`, or (`apart`:
+        streams) one a direction, direction 1's in a fork of `into` (make(loop, dirs):
+        a step's calls); then the loop to join back (None where not apart)."""
+        if not apart:
+            return [make(into, None)], None
+        side = into.fork()
+        return [make(into, (0, 1)), make(side, (1, 1))], side
+
     def forward(self, loop, p):
-        """The T steps, replayed from a CUDA graph on a repeated call (Loop.replay)."""
+        """The T steps, replayed from a CUDA graph on a repeated call (Loop.replay); the
+        directions apart where streams() says so."""
         wide = self.wide(p)
         bufs = self._buffers(p, wide)
+        apart = self.streams(loop, p)
 
         def issue(into):
-            product, pointwise = self.forward_step(into, p, bufs)
+            chains, side = self._chains(
+                into, apart, lambda lp, dirs: self.forward_step(lp, p, bufs, dirs))
             for s in range(p.T):
-                product(s)
-                pointwise(s)
+                for product, pointwise in chains:
+                    product(s)
+                    pointwise(s)
+            if side is not None:
+                into.join(side)
         loop.replay(dev.graph_key("steps forward", p.ctype, p.training, p.qat, p.D, wide,
-                                  self.forward_args(p, *bufs[:2]), bufs, p.w_hh), issue)
+                                  apart, self.forward_args(p, *bufs[:2]), bufs, p.w_hh),
+                    issue)
 
     @staticmethod
-    def backward_args(p, dh):
-        """The backward pointwise kernel's arguments (dh: the carried gradient)."""
+    def backward_args(p, dh, d0=0):
+        """The backward pointwise kernel's arguments (dh: the carried gradient; d0: its
+        first direction)."""
         return {"dy": p.dy, "gates": p.gates, "hs": p.hs, "dh": dh, "dgi": p.dgi,
-                "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H, "s": 0,
-                **p.qargs}
+                "dgh": p.dgh, "lengths": p.lengths, "steps": p.T, "B": p.B, "H": p.H,
+                "D": p.D, "d0": d0, "s": 0, **p.qargs}
 
     def split_product(self, loop, p, bufs=()):
         """(S, parts, table) for a backward pass whose per-step product is split into S
@@ -371,55 +416,66 @@ class StepsPlan:
         table = dev.pointer_table(("split", w_hh, dgh, out, T, B, H, D, S, it), build)
         return S, parts, table
 
-    def backward_step(self, loop, p, start=True, split=_MAKE_SPLIT, bufs=None):
+    def backward_step(self, loop, p, start=True, split=_MAKE_SPLIT, bufs=None, dirs=None):
         """(pointwise(s), product(s), dh): the two calls of backward step s, and the carried
         gradient they update (p.dh0: dh_n, or zeros, at the start, set here with `start`;
-        dh0 after step 0). `split`: split_product's (None: one product a step), made here
-        unless the caller made it. With wide products (bufs: _buffers', made here where
-        None) the carried gradient is a float64 temporary: pointwise(T - 1) first widens
-        W_hh and p.dh0 into it, and product(0) then rounds it into p.dh0."""
+        dh0 after step 0), for the directions dirs = (d0, n) (None: all; a part of them
+        only with split None). `split`: split_product's (None: one product a step), made
+        here unless the caller made it. With wide products (bufs: _buffers', made here
+        where None) the carried gradient is a float64 temporary: pointwise(T - 1) first
+        widens their W_hh and p.dh0 into it, and product(0) then rounds it into p.dh0."""
         T, B, H, D, it = p.T, p.B, p.H, p.D, p.dtype.itemsize
         G = 3 * H
+        d0, n = dirs or (0, D)
         wide = self.wide(p)
         if start:
             self.start_backward(p)
+        if dirs is not None and split is not None:
+            if split is not _MAKE_SPLIT:
+                raise ValueError("a split product runs every direction at once")
+            split = None
         if wide:
             bufs = bufs or self._buffers(p, True, True)
             if split is _MAKE_SPLIT:
                 split = self.split_product(loop, p, bufs)
-            return self._wide_backward_step(loop, p, bufs, split)
+            return self._wide_backward_step(loop, p, bufs, split, d0, n)
         dh = p.dh0
         if split is _MAKE_SPLIT:
             split = self.split_product(loop, p)
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat))
-        pointwise = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                                self.backward_args(p, dh), step_arg="s")
+        pointwise = loop.kernel(kern, self.grid(B, H, n), (cat.STEP_THREADS,),
+                                self.backward_args(p, dh, d0), step_arg="s")
         if split is not None:
             return pointwise, self._split_product(loop, p, split, dh), dh
-        w_hh, dgh, dhp = p.w_hh.data.ptr, p.dgh.data.ptr, dh.data.ptr
+        w_hh, dgh, dhp = (a.data.ptr + d0 * size * it for a, size in (
+            (p.w_hh, G * H), (p.dgh, T * B * G), (dh, B * H)))
 
         def product(s):
             # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
             loop.gemm(False, False, H, B, G, w_hh, H, G * H, dgh + s * B * G * it, G,
-                      T * B * G, 1.0, dhp, H, B * H, D)
+                      T * B * G, 1.0, dhp, H, B * H, n)
         return pointwise, product, dh
 
-    def _wide_backward_step(self, loop, p, bufs, split=None):
+    def _wide_backward_step(self, loop, p, bufs, split=None, d0=0, n=None):
         """backward_step's calls with wide products (bufs: (dh, w64) in float64; the gate
-        gradients p.dgi and p.dgh are float64; `split`: split_product's, or None)."""
+        gradients p.dgi and p.dgh are float64; `split`: split_product's, or None), for
+        directions d0 .. d0 + n - 1 (n None: all)."""
         T, B, H, D = p.T, p.B, p.H, p.D
         G = 3 * H
+        n = D if n is None else n
         dh, w64 = bufs
         kern = dev.kernel("gru_steps.cu", cat.step_backward(p.ctype, p.qat, True))
-        launch = loop.kernel(kern, self.grid(B, H, D), (cat.STEP_THREADS,),
-                             self.backward_args(p, dh), step_arg="s")
+        launch = loop.kernel(kern, self.grid(B, H, n), (cat.STEP_THREADS,),
+                             self.backward_args(p, dh, d0), step_arg="s")
+        ours = _flat(dh, d0 * B * H)
 
         def pointwise(s, _keep=bufs):
             if s == T - 1:
-                convert(loop, p.w_hh, w64, D * G * H)
-                convert(loop, p.dh0, dh, D * B * H)
+                convert(loop, _flat(p.w_hh, d0 * G * H), _flat(w64, d0 * G * H), n * G * H)
+                convert(loop, _flat(p.dh0, d0 * B * H), ours, n * B * H)
             launch(s)
-        w, dgh, c = w64.data.ptr, p.dgh.data.ptr, dh.data.ptr
+        w, dgh, c = (a.data.ptr + d0 * size * 8 for a, size in (
+            (w64, G * H), (p.dgh, T * B * G), (dh, B * H)))
         sliced = None if split is None else self._split_product(loop, p, split, dh)
 
         def product(s, _keep=bufs):
@@ -428,9 +484,9 @@ class StepsPlan:
             else:
                 # per direction d: dh[d]' (H, B) += W_hh[d]'' (H, 3H) @ dgh[d, s]' (3H, B)
                 loop.gemm(False, False, H, B, G, w, H, G * H, dgh + s * B * G * 8, G,
-                          T * B * G, 1.0, c, H, B * H, D, wide=True)
+                          T * B * G, 1.0, c, H, B * H, n, wide=True)
             if s == 0:
-                convert(loop, dh, p.dh0, D * B * H)
+                convert(loop, ours, _flat(p.dh0, d0 * B * H), n * B * H)
         return pointwise, product, p.dh0
 
     @staticmethod
@@ -469,16 +525,20 @@ class StepsPlan:
         wide = self.wide(p)
         bufs = self._buffers(p, wide, True)
         split = self.split_product(loop, p, bufs)
+        apart = self.streams(loop, p, split)
 
         def issue(into):
-            pointwise, product, _ = self.backward_step(into, p, start=False, split=split,
-                                                       bufs=bufs)
+            chains, side = self._chains(into, apart, lambda lp, dirs: self.backward_step(
+                lp, p, start=False, split=split, bufs=bufs, dirs=dirs)[:2])
             for s in range(p.T - 1, -1, -1):
-                pointwise(s)
-                product(s)
+                for pointwise, product in chains:
+                    pointwise(s)
+                    product(s)
+            if side is not None:
+                into.join(side)
         args = self.backward_args(p, bufs[0] if wide else p.dh0)
-        loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D, wide, args, p.dh0,
-                                  bufs, p.w_hh, split), issue)
+        loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D, wide, apart, args,
+                                  p.dh0, bufs, p.w_hh, split), issue)
 
 
 STEPS = StepsPlan()

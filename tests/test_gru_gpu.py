@@ -6,6 +6,7 @@ oracle may be at most twice the float32 oracle's error against it, plus a floor 
 the output's scale. float64: 1e-11 of the scale (GEMM summation order is all that differs).
 """
 import os
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -1019,6 +1020,54 @@ def test_steps_path_runs_wide_products(cp, rng, monkeypatch, B, H, bi, lengths, 
     for _ in range(2):
         again = [cp.asnumpy(a) for a in run(g, path="steps")]
         assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+# (wide forward and backward with the float64 projection, wide with lengths and H not a
+# multiple of 8, wide forward alone (below 128 rows), float32 products, float64; B = 1)
+@pytest.mark.parametrize("dtype,T,B,I,H,lengths", [(np.float32, 4, 128, 256, 512, False),
+                                                   (np.float32, 3, 130, 7, 522, True),
+                                                   (np.float32, 3, 17, 5, 515, False),
+                                                   (np.float32, 5, 6, 9, 100, True),
+                                                   (np.float64, 4, 5, 3, 40, True),
+                                                   (np.float64, 3, 1, 2, 33, False)])
+def test_steps_path_runs_the_directions_apart(cp, rng, monkeypatch, dtype, T, B, I, H,
+                                              lengths):
+    """DIRECTION_STREAMS: a bidirectional pass on path="steps" runs each direction's chain
+    on its own stream (a fork of the pass's loop, in the one captured graph): train and
+    inference give the oracle's results, the same bits on a second and third call (the
+    capture and its replay), and no capture falls back to eager calls."""
+    if dtype == np.float32 and H >= 512 and not _wide_gpu():
+        pytest.skip("wide products run on the GPUs of cugru._plan.WIDE_CCS")
+    p = problem(rng, T, B, I, H, True, lengths=lengths)
+    g = to_gpu(cp, cast(p, dtype))
+    forks = []
+    fork = _device.Loop.fork
+
+    def counted(self):
+        forks.append(self.stream)
+        return fork(self)
+    monkeypatch.setattr(_device.Loop, "fork", counted)
+    monkeypatch.setattr(_plan, "DIRECTION_STREAMS", True)
+    plans.clear_graphs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        outs = []
+        for _ in range(3):
+            y, hn, _ = cugru.gru_forward(g["x"], g["h0"], *weights(g), bidirectional=True,
+                                         training=False, lengths=g.get("lengths"),
+                                         path="steps")
+            outs.append([cp.asnumpy(a) for a in (y, hn)]
+                        + [cp.asnumpy(a) for a in run(g, path="steps")])
+    # (each pass forks on its first call and on its capture, not on a replay; a float32
+    # backward pass whose product is split, not wide, runs its directions batched)
+    split = dtype == np.float32 and not plans.wide_products(B, H, 4, "strict", backward=True) \
+        and _plan.backward_split(H, 2, 4, "strict") > 1
+    assert len(forks) == (3 - split) * (2 if _device.GRAPHS else 3)
+    _check(outs[0][2:], p, dtype)
+    ref_y, ref_hn = outs[0][2:4]
+    assert np.array_equal(outs[0][0], ref_y) and np.array_equal(outs[0][1], ref_hn)
+    for again in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], again))
 
 
 @pytest.mark.parametrize("T,B,I,H,bi,lengths", [(3, 128, 5, 512, True, False),

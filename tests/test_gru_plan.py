@@ -124,6 +124,18 @@ class HostLoop:
     def bind(self):
         pass
 
+    forks: list = []    # (one item a Loop.fork)
+
+    def can_fork(self):
+        return True
+
+    def fork(self):
+        HostLoop.forks.append(self.dtype)
+        return ForkedLoop(self)
+
+    def join(self, other):
+        other.run()
+
     def replay(self, key, issue):
         """Issues the calls on a KeyedLoop: each must touch only buffers that `key` names
         (what Loop.replay's CUDA graph may be launched on)."""
@@ -223,6 +235,42 @@ class KeyedLoop(HostLoop):
         super().launch_args(kern, grid, block, values, shared_mem=shared_mem)
 
 
+class ForkedLoop:
+    """HostLoop.fork's loop: its calls wait in a queue, each run `lag` calls of its own
+    late (None: all at join, after every call of the loop it forked from), orders two
+    streams allow. All at join, a chain that read what the other writes within a step
+    would compute wrong results; one call late, each of its calls runs after the other
+    chain's next calls, so a buffer both chains wrote (a shared temporary) would too."""
+    lag = None
+
+    def __init__(self, loop):
+        self.loop, self.queue = loop, []
+        self.dtype, self.math = loop.dtype, loop.math
+
+    def run(self):
+        queue, self.queue = self.queue, None
+        for call in queue:
+            call()
+
+    def _add(self, call):
+        self.queue.append(call)
+        if self.lag is not None and len(self.queue) > self.lag:
+            self.queue.pop(0)()
+
+    def gemm(self, *args, **kw):
+        self._add(lambda: self.loop.gemm(*args, **kw))
+
+    def gemm_pointers(self, *args, **kw):
+        self._add(lambda: self.loop.gemm_pointers(*args, **kw))
+
+    def launch(self, *args, **kw):
+        self._add(lambda: self.loop.launch(*args, **kw))
+
+    def kernel(self, kern, grid, block, args, step_arg):
+        launch = self.loop.kernel(kern, grid, block, args, step_arg)
+        return lambda step: self._add(lambda: launch(step))
+
+
 class HostKernel:
     """A kernel's numpy transcription, called as the launch layer would launch the kernel:
     the arguments must be exactly the parameters of the kernel's CUDA declaration."""
@@ -252,18 +300,19 @@ def _sigmoid(v):
 
 
 def forward_step(train, gi_type):
-    """gru_forward_step<T, TRAIN, QAT, P, GI>, one direction d per loop turn, all (b, j) at
+    """gru_forward_step<T, TRAIN, QAT, P, GI>, one direction d (of d0 .. d0 + grid[1] - 1)
+    per loop turn, all (b, j) at
     once, the instance whose projection type GI is `gi_type`; with P = double (hw given)
     the projection and the product read are rounded to T first, and h after the step also
     goes widened into slot (s + 1) % 2 of hw."""
     def run(grid, block, smem, cooperative, gi, gh, b_ih, b_hh, hs, y, gates, hw, lengths,
-            steps, B, H, S, s):
-        D = grid[1]
+            steps, B, H, S, D, d0, s):
+        assert 0 <= d0 and d0 + grid[1] <= D
         assert gi.dtype == gi_type and (hw is None) == (gh.dtype == hs.dtype)
         b_ih, b_hh, hs, y, gates = (a.reshape(-1) for a in (b_ih, b_hh, hs, y, gates))
         gi, gh = (a.reshape(-1).astype(hs.dtype) for a in (gi, gh))
         BH, H3 = B * H, 3 * H
-        for d in range(D):
+        for d in range(d0, d0 + grid[1]):
             i = np.arange(BH)
             b, j = i // H, i % H
             t = s if d == 0 else steps - 1 - s
@@ -314,15 +363,15 @@ def gate_step(dy, gates, hs, dgi, dgh, carry, d, s, t, b, j, steps, B, H, D, len
 
 
 def backward_step(grid, block, smem, cooperative, dy, gates, hs, dh, dgi, dgh, lengths,
-                  steps, B, H, s):
-    """gru_backward_step<T, QAT, P>; with P = double the carried gradient is double (read
-    rounded to T, written widened), and the gate gradients (computed in T) are stored
-    widened."""
-    D = grid[1]
+                  steps, B, H, D, d0, s):
+    """gru_backward_step<T, QAT, P> for directions d0 .. d0 + grid[1] - 1 of D; with P =
+    double the carried gradient is double (read rounded to T, written widened), and the
+    gate gradients (computed in T) are stored widened."""
+    assert 0 <= d0 and d0 + grid[1] <= D
     assert dh.dtype == dgi.dtype == dgh.dtype
     dy, gates, hs, dh, dgi, dgh = (a.reshape(-1) for a in (dy, gates, hs, dh, dgi, dgh))
     BH = B * H
-    for d in range(D):
+    for d in range(d0, d0 + grid[1]):
         i = np.arange(BH)
         b, j = i // H, i % H
         t = s if d == 0 else steps - 1 - s
@@ -819,7 +868,9 @@ def host_device(monkeypatch):
     monkeypatch.setattr(_device, "copy_bytes", _host_copy)
     monkeypatch.setattr(_device, "zero_bytes", _host_zero)
     monkeypatch.setattr(_device, "Loop", HostLoop)
+    monkeypatch.setattr(_device, "fork_made", lambda: False)
     HostLoop.products.clear()
+    HostLoop.forks.clear()
     HostLoop.wide.clear()
     # (the lengths a device array too, as on the GPU, where the calls name them by address)
     check_lengths = _args.check_lengths
@@ -1134,6 +1185,74 @@ def test_steps_plan_splits_the_backward_product_and_computes_the_oracle(host_dev
             assert len(whole) == T and not [q for q in HostLoop.products if q[2] == 3 * H // S]
             for g, r in zip(again, ref):
                 np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1, np.abs(r).max()))
+
+
+@pytest.mark.parametrize("dtype,wide,lengths,h0", [
+    (np.float64, False, False, True), (np.float64, False, True, False),
+    (np.float32, True, False, True), (np.float32, True, True, True),
+    (np.float32, False, False, False)], ids=["f64", "f64 lengths", "f32 wide",
+                                             "f32 wide lengths", "f32 split"])
+@pytest.mark.parametrize("lag", [None, 1], ids=["fork at join", "fork one call late"])
+def test_steps_plan_runs_the_directions_apart_with_the_batched_chain_s_results(
+        host_device, monkeypatch, rng, dtype, wide, lengths, h0, lag):
+    """DIRECTION_STREAMS: a bidirectional per-step pass runs each direction as its own
+    chain (direction 1's in a fork, whose calls run here at the join or one call late,
+    ForkedLoop: a chain reading the other's results, or sharing a temporary with it,
+    would go wrong). Forward (training and inference) and backward give the batched chain's
+    results bit for bit, every product of one direction (batch 1), wide or not; a pass whose
+    backward product is split (float32, k >= SPLIT_MIN_K) keeps the batched chain there, as
+    does a unidirectional pass; off, nothing forks."""
+    from types import SimpleNamespace
+
+    from cugru import _plan
+    if wide:
+        for name in ("WIDE_MIN_H", "WIDE_MIN_ROWS", "WIDE_BACKWARD_MIN_ROWS"):
+            monkeypatch.setattr(_plan, name, 1)
+        monkeypatch.setattr(_device, "device", lambda: SimpleNamespace(cc=90, id=0))
+    else:
+        monkeypatch.setattr(_plan, "WIDE", False)
+    monkeypatch.setattr(_plan, "_CHOSEN", {})
+    monkeypatch.setattr(ForkedLoop, "lag", lag)
+    split = dtype == np.float32 and not wide
+    T, B, I, H = (3, 2, 3, 342) if split else (4, 3, 2, 5)
+    p = problem(rng, T, B, I, H, True, with_h0=h0, lengths=lengths)
+    dev = lambda a: None if a is None else host_device(a.astype(dtype))  # noqa: E731
+    G = 3 * H
+    runs = {}
+    for apart in (False, True):
+        monkeypatch.setattr(_plan, "DIRECTION_STREAMS", apart)
+        HostLoop.forks.clear()
+        HostLoop.products.clear()
+        outs = []
+        for training in (False, True):
+            y, hn, saved = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                         plans.STEPS, bidirectional=True, training=training,
+                                         lengths=p.get("lengths"))
+            outs += [np.array(y), np.array(hn)]
+        forward = [q[:4] for q in HostLoop.products if q[:3] == (G, B, H)]
+        assert forward == [(G, B, H, 1 if apart else 2)] * (2 * T * (2 if apart else 1))
+        assert len(HostLoop.forks) == (2 if apart else 0)
+        HostLoop.products.clear()
+        outs += list(plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved, plans.STEPS))
+        recurrent = [q[:4] for q in HostLoop.products if q[:2] == (H, B) and q[2] <= G]
+        if split:
+            assert len(HostLoop.forks) == (2 if apart else 0) and (H, B, G, 1) not in recurrent
+        else:
+            assert len(HostLoop.forks) == (3 if apart else 0)
+            assert recurrent == [(H, B, G, 1 if apart else 2)] * (T * (2 if apart else 1))
+        runs[apart] = outs
+    for a, b in zip(runs[False], runs[True]):
+        assert a.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(a, b)
+    ref_y, ref_hn, saved = oracle.gru_forward(p["x"], p["h0"], *weights(p), bidirectional=True,
+                                              lengths=p.get("lengths"))
+    ref = (ref_y, ref_hn) + tuple(oracle.gru_backward(p["dy"], p["dh_n"], saved))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for g, r in zip(runs[True][2:], ref):
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol * max(1, np.abs(r).max()))
+    HostLoop.forks.clear()
+    plans.forward(dev(p["x"]), None, *(dev(w[:1]) for w in weights(p)), plans.STEPS)
+    assert not HostLoop.forks
 
 
 def test_pointer_tables_are_kept_per_key_and_device_the_least_recently_asked_dropped(

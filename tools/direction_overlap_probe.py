@@ -12,7 +12,10 @@ can overlap one direction's pointwise launch with the other's product. For each 
 "steps" (float32, math="strict"), device ms a call by CUDA events on the caller's stream:
 the bidirectional train step (forward, backward) and inference; the two directions as two
 unidirectional calls one after the other on that stream; and the two on two streams at
-once (forked from the caller's stream by an event, joined by two). Each call's recurrence
+once (forked from the caller's stream by an event, joined by two); and the bidirectional
+call with its directions apart (cugru._plan.DIRECTION_STREAMS: each direction's chain of
+products and pointwise launches on its own stream, inside the one graph), with whether its
+results have the batched call's bits. Each call's recurrence
 replays its CUDA graph (the per-stream scratch and graphs of cugru keep the two streams'
 calls apart). The rounds time the forms in turn; the median of ROUNDS rounds.
 
@@ -78,7 +81,10 @@ def main(argv=None):
     from bench.paths import ALL
     from bench.shapes import make_problem
 
-    def step(a, bi, training):
+    from cugru import _plan
+
+    def step(a, bi, training, apart=False):
+        _plan.DIRECTION_STREAMS = apart
         w = (a["w_ih"], a["w_hh"], a["b_ih"], a["b_hh"])
         if not training:
             return cugru.gru_forward(a["x"], a["h0"], *w, bidirectional=bi, training=False,
@@ -102,9 +108,13 @@ def main(argv=None):
         for e in joins:
             main_stream.wait_event(e)
 
+    def flat(out):
+        return [cp.asnumpy(a) for a in (out[:2] if len(out) == 3 else out)]
+
     print("| id | T, B, I, H | pass | bidirectional ms | two directions, one stream ms | "
-          "two directions, two streams ms | bidirectional / two streams |")
-    print("|---|---|---|---|---|---|---|")
+          "two directions, two streams ms | bidirectional / two streams | directions apart "
+          "ms | bidirectional / apart | apart's bits |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for sid in args.ids:
         T, B, I, H, _ = ALL[sid][0]
         prob = make_problem(T, B, I, H, True)
@@ -114,7 +124,10 @@ def main(argv=None):
             forms = {
                 "bi": lambda t=training: step(both, True, t),
                 "serial": lambda t=training: [step(a, False, t) for a in parts],
-                "streams": lambda t=training: on_two_streams(parts, t)}
+                "streams": lambda t=training: on_two_streams(parts, t),
+                "apart": lambda t=training: step(both, True, t, apart=True)}
+            same = all(np.array_equal(a, b) for a, b in zip(
+                flat(step(both, True, training)), flat(step(both, True, training, True))))
             times = {k: [] for k in forms}
             for _ in range(ROUNDS):
                 for k, fn in forms.items():
@@ -122,7 +135,8 @@ def main(argv=None):
             ms = {k: statistics.median(v) for k, v in times.items()}
             print(f"| {sid} | {T}, {B}, {I}, {H} | {'train' if training else 'inference'} | "
                   f"{ms['bi']:.3f} | {ms['serial']:.3f} | {ms['streams']:.3f} | "
-                  f"{ms['bi'] / ms['streams']:.2f}x |")
+                  f"{ms['bi'] / ms['streams']:.2f}x | {ms['apart']:.3f} | "
+                  f"{ms['bi'] / ms['apart']:.2f}x | {'equal' if same else 'differ'} |")
 
 
 if __name__ == "__main__":

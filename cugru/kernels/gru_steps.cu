@@ -3,8 +3,9 @@
 // StepsPlan). Maths and buffers: gru_common.cuh. Besides them:
 //   gh    (D, B, 3H)     recurrent product of the current step, bias not added (one GEMM)
 //   dh    (D, B, H)      carried gradient of h: read, then overwritten with dh * z
-// Grid (ceil(B*H / blockDim.x), D): one thread per (b, j) of one direction; both directions
-// run in the same launch.
+// Grid (ceil(B*H / blockDim.x), n): one thread per (b, j) of one direction, for directions
+// d0 .. d0 + n - 1 of the pass's D: both in the same launch (d0 = 0, n = D), or each
+// direction in launches of its own (n = 1), on a stream of its own (StepsPlan's streams).
 //
 // P is the products' element type: T, or double for float data whose products run in
 // float64 (cugru/_plan.py, wide_products: the operands widened exactly, the sums kept in
@@ -22,9 +23,9 @@ __global__ void gru_forward_step(const GI* __restrict__ gi, const P* __restrict_
                                  const T* __restrict__ b_ih, const T* __restrict__ b_hh,
                                  T* __restrict__ hs, T* __restrict__ y, T* __restrict__ gates,
                                  P* __restrict__ hw, const int* __restrict__ lengths,
-                                 int steps, int B, int H, int S, int s, T q_scale, T q_inv,
-                                 T q_lo, T q_hi, int q_flags) {
-    const int D = gridDim.y, d = blockIdx.y;
+                                 int steps, int B, int H, int S, int D, int d0, int s,
+                                 T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
+    const int d = d0 + blockIdx.y;
     const long long BH = (long long)B * H, H3 = 3LL * H;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BH) return;
@@ -51,9 +52,9 @@ template <typename T, bool QAT, typename P>
 __global__ void gru_backward_step(const T* __restrict__ dy, const T* __restrict__ gates,
                                   const T* __restrict__ hs, P* dh, P* __restrict__ dgi,
                                   P* __restrict__ dgh, const int* __restrict__ lengths,
-                                  int steps, int B, int H,
+                                  int steps, int B, int H, int D, int d0,
                                   int s, T q_scale, T q_inv, T q_lo, T q_hi, int q_flags) {
-    const int D = gridDim.y, d = blockIdx.y;
+    const int d = d0 + blockIdx.y;
     const long long BH = (long long)B * H;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BH) return;
