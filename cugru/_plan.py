@@ -226,11 +226,17 @@ def convert(loop, src, dst, n, runs=1, stride=0):
                 {"in": src, "out": dst, "n": n, "in_stride": stride})
 
 
-#: StepsPlan.streams: a bidirectional pass on the per-step path runs each direction as its
-#: own chain of products and pointwise launches, the two chains on two streams (Loop.fork),
-#: so that one direction's memory-bound pointwise launch can run beside the other's
-#: product. Off: the two run batched, one chain, in lockstep
-DIRECTION_STREAMS = False
+#: StepsPlan.streams: a bidirectional pass on the per-step path of at least
+#: DIRECTION_STREAMS_MIN_ROWS batch rows runs each direction as its own chain of products and
+#: pointwise launches, the two chains on two streams (Loop.fork), so that one direction's
+#: memory-bound pointwise launch can run beside the other's product; else (or off) the two
+#: run batched, one chain, in lockstep. Measured on an H100 (bench.gru, train ms, same bits
+#: as batched): S10 (B = 256, H = 512, its products in float64) 5.787 and 5.786 apart against
+#: 5.991 batched; tools/direction_overlap_probe.py, batched / apart: O14 (B = 48, H = 650)
+#: 0.97x train, 0.95x inference, O5 (B = 3, H = 1024) 0.96x and 1.00x: one direction's
+#: product of few rows leaves the chip idle, and the batched product fills it better
+DIRECTION_STREAMS = True
+DIRECTION_STREAMS_MIN_ROWS = 128
 
 
 def _flat(a, start):
@@ -245,7 +251,9 @@ _MAKE_SPLIT = object()
 @dataclass(frozen=True)
 class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
-    and one pointwise launch (grid axis y = direction); where backward_split splits the
+    and one pointwise launch (grid axis y = direction), or, with the directions apart
+    (streams), one product and one launch a direction, each direction's on its own stream;
+    where backward_split splits the
     backward product, one batched call over directions and slices and gru_add_chunks in
     its place (split_product); in a pass made wide (wide_products; the pass's `wide`), the
     products in float64 on widened operands: the forward kernel reads the product (and,
@@ -286,11 +294,13 @@ class StepsPlan:
     def streams(loop, p, split=None) -> bool:
         """Whether pass p runs its two directions apart, each its own chain of products and
         pointwise launches on a stream of its own (Loop.fork), rather than one chain
-        batched over both: DIRECTION_STREAMS, two directions, one product a step (split:
+        batched over both: DIRECTION_STREAMS, two directions of at least
+        DIRECTION_STREAMS_MIN_ROWS rows, one product a step (split:
         split_product's), and a loop that can fork (under a caller's capture, one whose
         fork was made before: a fork's stream and cuBLAS handle are made outside any
         capture)."""
-        return DIRECTION_STREAMS and p.D == 2 and split is None and loop.can_fork() \
+        return DIRECTION_STREAMS and p.D == 2 and p.B >= DIRECTION_STREAMS_MIN_ROWS \
+            and split is None and loop.can_fork() \
             and (dev.fork_made() or not dev.capturing(dev.cupy()))
 
     @staticmethod

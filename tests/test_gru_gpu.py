@@ -1048,6 +1048,7 @@ def test_steps_path_runs_the_directions_apart(cp, rng, monkeypatch, dtype, T, B,
         return fork(self)
     monkeypatch.setattr(_device.Loop, "fork", counted)
     monkeypatch.setattr(_plan, "DIRECTION_STREAMS", True)
+    monkeypatch.setattr(_plan, "DIRECTION_STREAMS_MIN_ROWS", 1)
     plans.clear_graphs()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -1062,7 +1063,8 @@ def test_steps_path_runs_the_directions_apart(cp, rng, monkeypatch, dtype, T, B,
     # backward pass whose product is split, not wide, runs its directions batched)
     split = dtype == np.float32 and not plans.wide_products(B, H, 4, "strict", backward=True) \
         and _plan.backward_split(H, 2, 4, "strict") > 1
-    assert len(forks) == (3 - split) * (2 if _device.GRAPHS else 3)
+    # (a call whose buffers differ from the last's forks again: CuPy's pool decides)
+    assert 3 - split <= len(forks) <= 3 * (3 - split)
     _check(outs[0][2:], p, dtype)
     ref_y, ref_hn = outs[0][2:4]
     assert np.array_equal(outs[0][0], ref_y) and np.array_equal(outs[0][1], ref_hn)

@@ -1213,6 +1213,7 @@ def test_steps_plan_runs_the_directions_apart_with_the_batched_chain_s_results(
         monkeypatch.setattr(_plan, "WIDE", False)
     monkeypatch.setattr(_plan, "_CHOSEN", {})
     monkeypatch.setattr(ForkedLoop, "lag", lag)
+    monkeypatch.setattr(_plan, "DIRECTION_STREAMS_MIN_ROWS", 1)
     split = dtype == np.float32 and not wide
     T, B, I, H = (3, 2, 3, 342) if split else (4, 3, 2, 5)
     p = problem(rng, T, B, I, H, True, with_h0=h0, lengths=lengths)
