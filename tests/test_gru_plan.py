@@ -1256,6 +1256,32 @@ def test_steps_plan_runs_the_directions_apart_with_the_batched_chain_s_results(
     assert not HostLoop.forks
 
 
+def test_directions_run_apart_from_the_measured_rows_where_a_fork_serves(monkeypatch):
+    """StepsPlan.streams: two directions of DIRECTION_STREAMS_MIN_ROWS rows or more (S10's
+    256 gained on an H100, 48 and 3 lost), one product a step, on a loop that can fork;
+    under a caller's capture only once the fork's stream and handle exist."""
+    from types import SimpleNamespace
+
+    from cugru import _plan
+    streams = _plan.StepsPlan.streams
+    fork = SimpleNamespace(can_fork=lambda: True)
+    capture, made = [False], [False]
+    monkeypatch.setattr(_device, "cupy", lambda: None)
+    monkeypatch.setattr(_device, "capturing", lambda cp, stream=None: capture[0])
+    monkeypatch.setattr(_device, "fork_made", lambda: made[0])
+    assert _plan.DIRECTION_STREAMS and _plan.DIRECTION_STREAMS_MIN_ROWS == 128
+    p = lambda B, D=2: SimpleNamespace(B=B, D=D)  # noqa: E731
+    assert streams(fork, p(128)) and streams(fork, p(256)) and not streams(fork, p(127))
+    assert not streams(fork, p(256, 1)) and not streams(fork, p(256), split=(2, None, None))
+    assert not streams(SimpleNamespace(can_fork=lambda: False), p(256))
+    capture[0] = True
+    assert not streams(fork, p(256))
+    made[0] = True
+    assert streams(fork, p(256))
+    monkeypatch.setattr(_plan, "DIRECTION_STREAMS", False)
+    assert not streams(fork, p(256))
+
+
 def test_pointer_tables_are_kept_per_key_and_device_the_least_recently_asked_dropped(
         monkeypatch):
     """_device.pointer_table: a table is built once per key and device and kept; asking
