@@ -881,6 +881,18 @@ def host_device(monkeypatch):
     return lambda a: None if a is None else np.ascontiguousarray(a).view(DevArray)
 
 
+def steps_forwards(dev, p, bi):
+    """Problem p's forward passes on path "steps" (its arrays through `dev`), inference then
+    training: ([(y, h_n) of each], the training pass's saved history)."""
+    outs = []
+    for training in (False, True):
+        y, hn, saved = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
+                                     plans.STEPS, bidirectional=bi, training=training,
+                                     lengths=p.get("lengths"))
+        outs.append((np.array(y), np.array(hn)))
+    return outs, saved
+
+
 @pytest.mark.parametrize("T,B,I,H,bi,h0,lengths,projection,slices",
                          [(3, 2, 4, 5, False, True, False, True, 1),
                           (4, 3, 2, 3, True, True, True, True, 1),
@@ -925,12 +937,7 @@ def test_wide_products_compute_the_oracle(host_device, monkeypatch, rng, T, B, I
     for wide in (True, False):
         monkeypatch.setattr(_plan, "WIDE", wide)
         HostLoop.wide.clear()
-        outs = []
-        for training in (False, True):
-            y, hn, saved_dev = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
-                                             plans.STEPS, bidirectional=bi, training=training,
-                                             lengths=p.get("lengths"))
-            outs.append((np.array(y), np.array(hn)))
+        outs, saved_dev = steps_forwards(dev, p, bi)
         HostLoop.products.clear()
         got = outs[1] + plans.backward(dev(p["dy"]), dev(p["dh_n"]), saved_dev, plans.STEPS)
         for g, r in zip(got, (ref_y, ref_hn) + tuple(ref)):
@@ -1224,12 +1231,8 @@ def test_steps_plan_runs_the_directions_apart_with_the_batched_chain_s_results(
         monkeypatch.setattr(_plan, "DIRECTION_STREAMS", apart)
         HostLoop.forks.clear()
         HostLoop.products.clear()
-        outs = []
-        for training in (False, True):
-            y, hn, saved = plans.forward(dev(p["x"]), dev(p["h0"]), *map(dev, weights(p)),
-                                         plans.STEPS, bidirectional=True, training=training,
-                                         lengths=p.get("lengths"))
-            outs += [np.array(y), np.array(hn)]
+        pairs, saved = steps_forwards(dev, p, True)
+        outs = [a for pair in pairs for a in pair]
         forward = [q[:4] for q in HostLoop.products if q[:3] == (G, B, H)]
         assert forward == [(G, B, H, 1 if apart else 2)] * (2 * T * (2 if apart else 1))
         assert len(HostLoop.forks) == (2 if apart else 0)
