@@ -358,14 +358,22 @@ class StepsPlan:
         return product, pointwise
 
     @staticmethod
-    def _chains(into, apart, make):
-        """Each chain's calls of a pass: one over all directions in `into`, or (`apart`:
-        streams) one a direction, direction 1's in a fork of `into` (make(loop, dirs):
-        a step's calls); then the loop to join back (None where not apart)."""
-        if not apart:
-            return [make(into, None)], None
-        side = into.fork()
-        return [make(into, (0, 1)), make(side, (1, 1))], side
+    def _issue_chains(into, apart, make, steps):
+        """Issue a pass's steps (in the order of `steps`) as one chain over all directions
+        in `into`, or (`apart`: streams) one chain a direction, direction 1's in a fork of
+        `into`, joined back however the issue ends. make(loop, dirs): a step's two calls,
+        each taking the step, in the order they run."""
+        side = into.fork() if apart else None
+        try:
+            chains = [make(into, None)] if side is None else \
+                [make(into, (0, 1)), make(side, (1, 1))]
+            for s in steps:
+                for first, second in chains:
+                    first(s)
+                    second(s)
+        finally:
+            if side is not None:
+                into.join(side)
 
     def forward(self, loop, p):
         """The T steps, replayed from a CUDA graph on a repeated call (Loop.replay); the
@@ -375,14 +383,8 @@ class StepsPlan:
         apart = self.streams(loop, p)
 
         def issue(into):
-            chains, side = self._chains(
-                into, apart, lambda lp, dirs: self.forward_step(lp, p, bufs, dirs))
-            for s in range(p.T):
-                for product, pointwise in chains:
-                    product(s)
-                    pointwise(s)
-            if side is not None:
-                into.join(side)
+            self._issue_chains(into, apart, lambda lp, dirs: self.forward_step(
+                lp, p, bufs, dirs), range(p.T))
         loop.replay(dev.graph_key("steps forward", p.ctype, p.training, p.qat, p.D, wide,
                                   apart, self.forward_args(p, *bufs[:2]), bufs, p.w_hh),
                     issue)
@@ -538,14 +540,9 @@ class StepsPlan:
         apart = self.streams(loop, p, split)
 
         def issue(into):
-            chains, side = self._chains(into, apart, lambda lp, dirs: self.backward_step(
-                lp, p, start=False, split=split, bufs=bufs, dirs=dirs)[:2])
-            for s in range(p.T - 1, -1, -1):
-                for pointwise, product in chains:
-                    pointwise(s)
-                    product(s)
-            if side is not None:
-                into.join(side)
+            self._issue_chains(into, apart, lambda lp, dirs: self.backward_step(
+                lp, p, start=False, split=split, bufs=bufs, dirs=dirs)[:2],
+                range(p.T - 1, -1, -1))
         args = self.backward_args(p, bufs[0] if wide else p.dh0)
         loop.replay(dev.graph_key("steps backward", p.ctype, p.qat, p.D, wide, apart, args,
                                   p.dh0, bufs, p.w_hh, split), issue)

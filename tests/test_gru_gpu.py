@@ -1063,8 +1063,9 @@ def test_steps_path_runs_the_directions_apart(cp, rng, monkeypatch, dtype, T, B,
     # backward pass whose product is split, not wide, runs its directions batched)
     split = dtype == np.float32 and not plans.wide_products(B, H, 4, "strict", backward=True) \
         and _plan.backward_split(H, 2, 4, "strict") > 1
-    # (a call whose buffers differ from the last's forks again: CuPy's pool decides)
-    assert 3 - split <= len(forks) <= 3 * (3 - split)
+    # (a call whose buffers differ from the last's forks again, eagerly: CuPy's pool
+    # decides; the second call forks either way, so a capture that ran batched fails)
+    assert 2 * (3 - split) <= len(forks) <= 3 * (3 - split)
     _check(outs[0][2:], p, dtype)
     ref_y, ref_hn = outs[0][2:4]
     assert np.array_equal(outs[0][0], ref_y) and np.array_equal(outs[0][1], ref_hn)

@@ -134,6 +134,7 @@ class HostLoop:
         return ForkedLoop(self)
 
     def join(self, other):
+        assert other.queue, "a fork that issued nothing"
         other.run()
 
     def replay(self, key, issue):
