@@ -625,15 +625,11 @@ class Loop:
         this loop's calls so far and beside its later ones, up to join(): two chains of
         calls at once, eagerly or inside one captured graph (the second stream joins the
         capture through the fork's event). Its cuBLAS products run on a handle of its own;
-        cuBLASLt takes the stream per product. That handle takes the math mode, flags
-        included, that CuPy's handle has now (a pass's own, where it set one). Only where
-        can_fork()."""
+        cuBLASLt takes the stream per product. That handle runs the pass's math from its
+        own default mode: flags a caller set on CuPy's handle (e.g. pedantic) do not reach
+        it. Only where can_fork()."""
         cp = runtime.cupy_module()
         stream, handle, forked, _ = _fork_setting(cp)
-        mode = ctypes.c_int(0)
-        self._direct.check(self._direct.get_math(self.handle, ctypes.byref(mode)),
-                           "getMathMode")
-        self._direct.check(self._direct.set_math(handle, mode.value), "setMathMode")
         rt = cp.cuda.runtime
         rt.eventRecord(forked.ptr, self.stream)
         rt.streamWaitEvent(stream.ptr, forked.ptr, 0)
