@@ -253,14 +253,14 @@ class StepsPlan:
     """The per-step path: per step one strided-batched cuBLAS product (batch = direction)
     and one pointwise launch (grid axis y = direction), or, with the directions apart
     (streams), one product and one launch a direction, each direction's on its own stream;
-    where backward_split splits the
-    backward product, one batched call over directions and slices and gru_add_chunks in
-    its place (split_product); in a pass made wide (wide_products; the pass's `wide`), the
-    products in float64 on widened operands: the forward kernel reads the product (and,
-    from WIDE_MIN_INPUTS inputs, the projection) as float64 and also writes the h the next
-    product reads, widened; the backward kernel stores the gate gradients as float64, and
-    each step's product reads that step's d_gate_h there, split along k where wide_split
-    says so (cugru._passes runs the projection and the tail in float64 too)."""
+    where backward_split splits the backward product, one batched call over directions and
+    slices and gru_add_chunks in its place (split_product); in a pass made wide
+    (wide_products; the pass's `wide`), the products in float64 on widened operands: the
+    forward kernel reads the product (and, from WIDE_MIN_INPUTS inputs, the projection) as
+    float64 and also writes the h the next product reads, widened; the backward kernel
+    stores the gate gradients as float64, and each step's product reads that step's
+    d_gate_h there, split along k where wide_split says so (cugru._passes runs the
+    projection and the tail in float64 too)."""
     scope = "steps"
     writes_h_n = False      # (the pass copies h_n from the last slot of hs)
     whole_pass = False      # (the passes project the input and run the tail around it)
